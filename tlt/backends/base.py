@@ -1,0 +1,99 @@
+"""The rollout-engine contract shared by every backend (native, vllm, sglang)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from tlt.drafters.base import Drafter
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature == 0 means greedy (top_p / top_k are then ignored)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    top_k: int = 0  # 0 disables top-k
+    max_new_tokens: int = 256
+    seed: int | None = None  # seeds the engine's torch.Generator for this call
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # produced an end-of-sequence token (included in token_ids)
+    LENGTH = "length"  # hit max_new_tokens or the engine's context limit
+
+
+@dataclass
+class Rollout:
+    """One sampled response."""
+
+    prompt_index: int  # index into the `prompts` list given to generate()
+    sample_index: int  # 0..n-1 within its prompt's group
+    prompt_ids: torch.Tensor  # [P] int64
+    token_ids: torch.Tensor  # [T] int64 response tokens (EOS included when finish_reason is STOP)
+    logprobs: torch.Tensor  # [T] float32 target log-prob of each token: log_softmax(logits / T), T = temperature (1 if greedy), before top-k/top-p
+    finish_reason: FinishReason
+    hidden_states: torch.Tensor | None = None  # [T, D] target last-layer hidden state per response token
+
+
+@dataclass
+class DecodeStepStats:
+    """What one decode iteration (plain step or SD draft+verify) did."""
+
+    running_batch: int  # sequences decoding in this iteration
+    sd_on: bool
+    strategy: str | None  # e.g. "4_1_5" when sd_on
+    drafted_tokens: int  # draft nodes verified, summed over the batch (0 when SD is off)
+    accepted_tokens: int  # accepted draft tokens, summed over the batch (bonus tokens not counted)
+    generated_tokens: int  # tokens appended to sequences this iteration (accepted + one per row)
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; requests outside this fail with a clear error."""
+
+    per_step_strategy: bool  # SD on/off and the strategy can change every decode step
+    drafter_hot_swap: bool  # set_drafter() between generate() calls without restarting the engine
+    hidden_states: bool  # generate() can return last-layer hidden states
+    tree_drafts: bool  # topk > 1 draft trees
+    drafters: tuple[str, ...] = field(default_factory=tuple)  # drafter kinds the backend accepts
+
+
+class RolloutEngine(Protocol):
+    """Generates rollouts from a target model; see DESIGN.md (contracts)."""
+
+    capabilities: Capabilities
+    step_stats: list[DecodeStepStats]  # per decode iteration of the last generate() call
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1
+    ) -> list[Rollout]: ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None: ...
+
+    def set_drafter(self, drafter: Drafter | None) -> None: ...
+
+
+class UnsupportedFeatureError(RuntimeError):
+    """Raised when a backend is asked for something its Capabilities exclude."""

@@ -1,0 +1,64 @@
+"""The drafter contract: how the engine drives a drafter through one batch of sequences.
+
+State convention (per row): the drafter has seen the committed tokens x_1..x_T; the target hidden state of the last
+token x_T is not known yet (the target has not run on it). Every `append` delivers pairs (h_{i}, x_{i+1}): the
+target's last-layer hidden state that predicted a token, and the token. `propose` drafts a tree whose root is x_T.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+import torch
+
+from tlt.speculative.strategy import SpecStrategy
+from tlt.speculative.tree import DraftTree
+
+
+class DrafterMismatchError(ValueError):
+    """A drafter does not fit its target (vocabulary, hidden size, ...)."""
+
+
+class Drafter(ABC):
+    kind: str  # registry name: "eagle", "small_lm", "ngram"
+    uses_target_hidden: bool  # whether append/start need the target's hidden states
+
+    @abstractmethod
+    def bind(self, target: torch.nn.Module) -> None:
+        """Attach to a target model (an HF causal LM); raise DrafterMismatchError if shapes do not fit.
+
+        EAGLE shares (never copies back over) the target's token embedding and LM head here.
+        """
+
+    @abstractmethod
+    def start(self, tokens: torch.Tensor, hidden: torch.Tensor | None, lengths: torch.Tensor) -> None:
+        """Begin a batch from its prompts.
+
+        tokens: [B, T] int64, right-padded; lengths: [B] int64 valid prompt lengths.
+        hidden: [B, T, D] target last-layer hidden state of each prompt token (aligned with tokens), or None.
+        Pairs (hidden[b, j], tokens[b, j + 1]) for j < lengths[b] - 1 are consumed; hidden[b, lengths[b] - 1]
+        arrives again with the first `append`.
+        """
+
+    @abstractmethod
+    def append(self, tokens: torch.Tensor, prev_hidden: torch.Tensor | None, counts: torch.Tensor) -> None:
+        """Commit new tokens: row b gets tokens[b, :counts[b]].
+
+        tokens: [B, L] int64; counts: [B] int64 in 1..L.
+        prev_hidden: [B, L, D], prev_hidden[b, j] is the target hidden state at the position preceding
+        tokens[b, j] (the one whose logits produced it), or None when the drafter does not use hidden states.
+        Anything speculative left by the last `propose` beyond the committed tokens is discarded.
+        """
+
+    @abstractmethod
+    def propose(self, strategy: SpecStrategy) -> DraftTree:
+        """Draft a tree per row, rooted at each row's last committed token, with strategy.verify_tokens nodes."""
+
+    @abstractmethod
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only these batch rows, in this order ([B'] int64), e.g. when sequences finish."""
+
+    @abstractmethod
+    def save(self, path: str | Path) -> None:
+        """Write the drafter (weights + config) to a folder, atomically."""

@@ -1,0 +1,58 @@
+"""Typed records of one speculative-decoding iteration: the draft tree and the verification result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftTree:
+    """A batch of draft trees with the same node count N.
+
+    Node 0 of every row is the root: the last committed token, whose target distribution predicts the first
+    draft level. Nodes are in topological order (`parents[b, i] < i`), and children of one parent appear in the
+    order the verifier should try them (best draft first).
+    """
+
+    tokens: torch.Tensor  # [B, N] int64, token of each node; tokens[:, 0] is the root
+    parents: torch.Tensor  # [B, N] int64, parent node index, -1 for the root
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    def depths(self) -> torch.Tensor:
+        """[B, N] depth of each node (root = 0)."""
+        depth = torch.zeros_like(self.parents)
+        for i in range(1, self.num_nodes):
+            depth[:, i] = depth.gather(1, self.parents[:, i : i + 1].clamp(min=0)).squeeze(1) + 1
+        return depth
+
+    def ancestor_mask(self) -> torch.Tensor:
+        """[B, N, N] bool, mask[b, i, j] is True when node j is node i or one of its ancestors (tree attention)."""
+        B, N = self.parents.shape
+        mask = torch.zeros(B, N, N, dtype=torch.bool, device=self.parents.device)
+        mask[:, 0, 0] = True
+        rows = torch.arange(B, device=self.parents.device)
+        for i in range(1, N):
+            mask[:, i] = mask[rows, self.parents[:, i]]
+            mask[:, i, i] = True
+        return mask
+
+    @staticmethod
+    def chain(tokens: torch.Tensor) -> DraftTree:
+        """A chain tree from [B, N] tokens (root first)."""
+        B, N = tokens.shape
+        parents = torch.arange(-1, N - 1, device=tokens.device).expand(B, N).contiguous()
+        return DraftTree(tokens=tokens, parents=parents)
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of verifying a DraftTree against the target."""
+
+    path: torch.Tensor  # [B, K + 1] int64 node indices of the accepted path from the root, -1 padded
+    num_accepted: torch.Tensor  # [B] int64 accepted draft tokens (root excluded), 0..K
+    bonus: torch.Tensor  # [B] int64 token sampled from the target after the last accepted node
