@@ -1,0 +1,67 @@
+from pathlib import Path
+
+import pytest
+
+from tlt.config import ConfigError, RunConfig, load_config, to_yaml
+
+CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+def test_defaults_are_valid():
+    cfg = load_config()
+    assert isinstance(cfg, RunConfig)
+    assert cfg.model.preset == "tiny"
+
+
+def test_yaml_and_overrides_merge(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout:\n  temperature: 0.7\nmodel:\n  preset: test\n")
+    cfg = load_config(path, ["rollout.top_k=5", "speculative.strategies=['2_1_3','8_4_48']"])
+    assert (cfg.rollout.temperature, cfg.rollout.top_k, cfg.model.preset) == (0.7, 5, "test")
+    assert cfg.speculative.strategies == ["2_1_3", "8_4_48"]
+
+
+def test_round_trip_through_yaml(tmp_path):
+    cfg = load_config(None, ["grpo.lr=0.001"])
+    path = tmp_path / "dump.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(path) == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("rollout.nope=1", "unknown config key 'rollout.nope'"),
+        ("nosection.x=1", "unknown config key 'nosection'"),
+        ("rollout.temperature=warm", "rollout.temperature"),
+        ("rollout.max_new_tokens=many", "rollout.max_new_tokens"),
+        ("rollout.top_p=1.5", "rollout.top_p: got 1.5; allowed: a float in (0, 1]"),
+        ("rollout.backend=tgi", "rollout.backend: got 'tgi'; allowed: one of native, vllm, sglang"),
+        ("model.preset=huge", "model.preset"),
+        ("speculative.strategies=['8_4']", "invalid SD strategy '8_4'"),
+        ("speculative.strategies=['2_1_9']", "exceeds the 3 nodes"),
+        ("speculative.strategies=[8_4_48]", "quote it"),
+        ("speculative.tuner=magic", "speculative.tuner"),
+        ("data.weights=[1.0]", "data.weights"),
+        ("rollout.max_seq_len=100", "rollout.max_seq_len"),
+        ("no_equals_sign", "key=value"),
+    ],
+)
+def test_bad_config_names_the_key(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert fragment in str(err.value)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "absent.yaml")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_parses(path):
+    assert isinstance(load_config(path), RunConfig)
+
+
+def test_configs_exist():
+    assert CONFIGS, "configs/ must ship at least the quickstart preset"

@@ -1,0 +1,96 @@
+"""The `tlt` command: `tlt bootstrap`, `tlt evaluate` (more jobs join as they land)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _threads() -> None:
+    """One torch thread per process: two threads on two cores collapse under any other load."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def _config(args: argparse.Namespace, extra: list[str]):
+    from tlt.config import load_config
+
+    return load_config(args.config, extra)
+
+
+def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from tlt.training.bootstrap import run_bootstrap
+
+    overrides = [f"model.preset={args.preset}"] if args.preset else []
+    cfg = _config(args, overrides + args.overrides)
+    if args.output_dir:
+        cfg.output_dir = args.output_dir
+    elif cfg.output_dir == "runs/default":
+        cfg.output_dir = f"runs/bootstrap-{cfg.model.preset}"
+    card_path = Path(cfg.output_dir) / "card.json"
+    if card_path.is_file() and not args.force:
+        card = json.loads(card_path.read_text())
+        print(f"[tlt] {cfg.output_dir} already holds a bootstrapped model (card.json); use --force to redo it")
+    else:
+        card = run_bootstrap(cfg)
+    if card:
+        print(json.dumps({k: card[k] for k in ("preset", "parameters", "heldout", "seconds")}, indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from tlt.data.splits import heldout_problems, task_mix
+    from tlt.evaluation import evaluate
+    from tlt.models.io import atomic_write_json, load_hf_folder
+
+    cfg = _config(args, args.overrides)
+    model, tokenizer = load_hf_folder(args.model)
+    problems = heldout_problems(task_mix(cfg.data), args.n or cfg.data.heldout_size, cfg.data.seed)
+    report = evaluate(model, tokenizer, problems, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+    print(f"[tlt] {args.model}: {report.summary()}")
+    if args.report:
+        atomic_write_json(args.report, report.to_dict())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tlt", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("bootstrap", help="SFT a tiny base policy on generated math solutions")
+    p.add_argument("--preset", help="model preset: test, tiny, small (default: the config's model.preset)")
+    p.add_argument("--config", help="YAML config file (see configs/)")
+    p.add_argument("--output-dir", help="run folder (default runs/bootstrap-<preset>)")
+    p.add_argument("--force", action="store_true", help="redo the run even if card.json exists")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. bootstrap.max_steps=200")
+    p.set_defaults(func=cmd_bootstrap)
+
+    p = sub.add_parser("evaluate", help="greedy held-out accuracy and response-length percentiles of a model")
+    p.add_argument("model", help="HF model folder (e.g. runs/bootstrap-tiny/model)")
+    p.add_argument("--config", help="YAML config file; its data section defines the held-out set")
+    p.add_argument("--n", type=int, help="number of held-out problems (default data.heldout_size)")
+    p.add_argument("--report", help="also write the report as JSON here")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    p.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _threads()
+    from tlt.config import ConfigError
+
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as err:
+        print(f"tlt {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Typed configs: one flat dataclass per component, composed into `RunConfig` (two levels deep at most).
+
+Defaults live only here. Each dataclass validates itself in `__post_init__` with a message that names the key and
+what is allowed. `load_config(yaml_path, overrides)` merges a YAML file and `key=value` overrides onto the defaults
+with OmegaConf; unknown keys and wrong types fail with the offending key named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from tlt.speculative.strategy import SpecStrategy
+
+
+class ConfigError(ValueError):
+    """A configuration problem a user can fix; the message names the key."""
+
+
+def _check(ok: bool, key: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}; allowed: {allowed}")
+
+
+def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
+    _check(value in choices, key, "one of " + ", ".join(choices), value)
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "tiny"  # tiny-model preset (tlt.models.presets): test, tiny, small
+    path: str | None = None  # an HF folder to start from instead of a fresh preset model
+    vocab_size: int = 1024  # tokenizer vocabulary for freshly built models
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from tlt.models.presets import PRESETS
+
+        _check_choice("model.preset", self.preset, tuple(PRESETS))
+        _check(300 <= self.vocab_size <= 65536, "model.vocab_size", "an integer in [300, 65536]", self.vocab_size)
+
+
+@dataclass
+class DataConfig:
+    families: list[str] = field(default_factory=lambda: ["chain_sum", "basic_arithmetic", "products"])
+    weights: list[float] = field(default_factory=lambda: [0.5, 0.3, 0.2])  # sampling weight per family
+    max_difficulty: int = 12  # difficulty levels 1..max_difficulty
+    difficulty_decay: float = 0.55  # P(d) ~ decay^(d-1): most problems easy, a long tail of hard ones
+    train_size: int = 20000  # problems for supervised bootstrap / RL prompts
+    heldout_size: int = 256  # disjoint held-out problems for evaluation
+    jsonl: list[str] = field(default_factory=list)  # extra local GSM8K/MATH-format JSONL files
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(len(self.families) > 0, "data.families", "a non-empty list of task families", self.families)
+        _check(
+            len(self.weights) == len(self.families),
+            "data.weights",
+            f"one weight per family ({len(self.families)} values)",
+            self.weights,
+        )
+        _check(all(w >= 0 for w in self.weights) and sum(self.weights) > 0, "data.weights", "non-negative, sum > 0",
+               self.weights)
+        _check(1 <= self.max_difficulty <= 50, "data.max_difficulty", "an integer in [1, 50]", self.max_difficulty)
+        _check(0 < self.difficulty_decay <= 1, "data.difficulty_decay", "a float in (0, 1]", self.difficulty_decay)
+        _check(self.train_size >= 1, "data.train_size", "an integer >= 1", self.train_size)
+        _check(self.heldout_size >= 1, "data.heldout_size", "an integer >= 1", self.heldout_size)
+
+
+@dataclass
+class BootstrapConfig:
+    """Supervised fine-tuning of the base policy on generated step-by-step solutions."""
+
+    max_steps: int = 1500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    max_length: int = 384  # prompt + response tokens; longer training examples are dropped
+    devices: int = 1  # CPU processes (DDP over gloo when > 1)
+    checkpoint_every: int = 250
+
+    def __post_init__(self) -> None:
+        _check(self.max_steps >= 1, "bootstrap.max_steps", "an integer >= 1", self.max_steps)
+        _check(self.batch_size >= 1, "bootstrap.batch_size", "an integer >= 1", self.batch_size)
+        _check(0 < self.lr < 1, "bootstrap.lr", "a float in (0, 1)", self.lr)
+        _check(self.warmup_steps >= 0, "bootstrap.warmup_steps", "an integer >= 0", self.warmup_steps)
+        _check(self.weight_decay >= 0, "bootstrap.weight_decay", "a float >= 0", self.weight_decay)
+        _check(self.max_length >= 16, "bootstrap.max_length", "an integer >= 16", self.max_length)
+        _check(self.devices >= 1, "bootstrap.devices", "an integer >= 1", self.devices)
+        _check(self.checkpoint_every >= 1, "bootstrap.checkpoint_every", "an integer >= 1", self.checkpoint_every)
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "native"  # native, vllm, sglang
+    samples_per_prompt: int = 8  # GRPO group size G
+    prompts_per_step: int = 16
+    max_new_tokens: int = 512
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_seq_len: int = 1024  # prompt + response limit of the engine's KV cache
+
+    def __post_init__(self) -> None:
+        _check_choice("rollout.backend", self.backend, ("native", "vllm", "sglang"))
+        _check(self.samples_per_prompt >= 1, "rollout.samples_per_prompt", "an integer >= 1", self.samples_per_prompt)
+        _check(self.prompts_per_step >= 1, "rollout.prompts_per_step", "an integer >= 1", self.prompts_per_step)
+        _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        _check(self.temperature >= 0, "rollout.temperature", "a float >= 0 (0 = greedy)", self.temperature)
+        _check(0 < self.top_p <= 1, "rollout.top_p", "a float in (0, 1]", self.top_p)
+        _check(self.top_k >= 0, "rollout.top_k", "an integer >= 0 (0 = off)", self.top_k)
+        _check(
+            self.max_seq_len > self.max_new_tokens,
+            "rollout.max_seq_len",
+            f"an integer > rollout.max_new_tokens ({self.max_new_tokens})",
+            self.max_seq_len,
+        )
+
+
+@dataclass
+class SpeculativeConfig:
+    enabled: bool = True
+    tuner: str = "cost"  # off, fixed, beg, ucb1, cost
+    strategies: list[str] = field(default_factory=lambda: ["2_1_3", "3_1_4", "4_1_5", "3_2_6"])
+    threshold: int = 32  # `fixed`: SD only when the running batch is at most this
+    epsilon: float = 0.1  # `beg`: exploration rate
+    window: int = 300  # reward window of the bandits
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check_choice("speculative.tuner", self.tuner, ("off", "fixed", "beg", "ucb1", "cost"))
+        _check(len(self.strategies) > 0, "speculative.strategies", "a non-empty list like ['4_1_5']", self.strategies)
+        for s in self.strategies:
+            try:
+                SpecStrategy.parse(s)
+            except ValueError as err:
+                hint = " (YAML reads an unquoted 8_4_48 as the integer 8448: quote it, '8_4_48')" if s.isdigit() else ""
+                raise ConfigError(f"speculative.strategies: {err}{hint}") from None
+        _check(self.threshold >= 1, "speculative.threshold", "an integer >= 1", self.threshold)
+        _check(0 <= self.epsilon <= 1, "speculative.epsilon", "a float in [0, 1]", self.epsilon)
+        _check(self.window >= 1, "speculative.window", "an integer >= 1", self.window)
+
+
+@dataclass
+class DrafterConfig:
+    kind: str = "eagle"  # eagle, small_lm, ngram
+    path: str | None = None  # a saved tlt drafter folder to start from
+    small_lm_preset: str = "test"  # model preset of the small_lm drafter
+    lr: float = 1e-3
+    batch_tokens: int = 4096  # packed tokens per drafter micro-step
+    w_feature: float = 1.0  # EAGLE-1 SmoothL1 feature-loss weight
+    w_token: float = 0.1  # EAGLE-1 soft cross-entropy weight
+
+    def __post_init__(self) -> None:
+        _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram"))
+        _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
+        _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
+        _check(self.w_feature >= 0 and self.w_token >= 0, "drafter.w_feature/w_token", "floats >= 0",
+               (self.w_feature, self.w_token))
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str = "spot"  # spot (train on idle workers during rollout), between_steps, never
+    buffer_bytes: int = 256 * 2**20  # drafter data-buffer bound
+
+    def __post_init__(self) -> None:
+        _check_choice("scheduler.policy", self.policy, ("spot", "between_steps", "never"))
+        _check(self.buffer_bytes >= 2**20, "scheduler.buffer_bytes", "an integer >= 1 MiB (1048576)", self.buffer_bytes)
+
+
+@dataclass
+class GRPOConfig:
+    steps: int = 20
+    lr: float = 1e-5
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self.steps >= 1, "grpo.steps", "an integer >= 1", self.steps)
+        _check(0 < self.lr < 1, "grpo.lr", "a float in (0, 1)", self.lr)
+        _check(0 < self.clip_eps < 1, "grpo.clip_eps", "a float in (0, 1)", self.clip_eps)
+        _check(self.kl_coef >= 0, "grpo.kl_coef", "a float >= 0", self.kl_coef)
+        _check(self.entropy_coef >= 0, "grpo.entropy_coef", "a float >= 0", self.entropy_coef)
+
+
+@dataclass
+class EvalConfig:
+    max_new_tokens: int = 768  # long enough for the hardest problems of the default mix
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        _check(self.max_new_tokens >= 1, "eval.max_new_tokens", "an integer >= 1", self.max_new_tokens)
+        _check(self.batch_size >= 1, "eval.batch_size", "an integer >= 1", self.batch_size)
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs/default"
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Defaults <- YAML file <- `key=value` overrides, validated; raises ConfigError naming the bad key."""
+    try:
+        merged = OmegaConf.structured(RunConfig)
+        if path is not None:
+            path = Path(path)
+            if not path.is_file():
+                raise ConfigError(f"config file not found: {path}")
+            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r} is not of the form key=value (e.g. rollout.temperature=0.7)")
+        merged = OmegaConf.merge(merged, OmegaConf.from_dotlist(list(overrides)))
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_omegaconf_message(err)) from None
+
+
+def _omegaconf_message(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or "?"
+    first = str(err).splitlines()[0]
+    if "Key" in first and "not in" in first:
+        return f"unknown config key {key!r} ({first})"
+    return f"bad value for config key {key!r}: {first}"
+
+
+def to_yaml(config: RunConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
