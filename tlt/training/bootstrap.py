@@ -25,7 +25,7 @@ from tlt.evaluation import evaluate
 from tlt.models.io import atomic_write_json, save_hf_folder
 from tlt.models.presets import build_model, count_parameters
 from tlt.models.tokenizer import train_tokenizer
-from tlt.training.sft import SFTModule, encode_examples, make_loader
+from tlt.training.sft import SFTDataModule, SFTModule, encode_examples
 
 
 def _tokenizer(cfg: RunConfig, texts: list[str], folder: Path):
@@ -69,11 +69,11 @@ def run_bootstrap(cfg: RunConfig) -> dict:
     examples = encode_examples(prompts, responses, tokenizer, cfg.bootstrap.max_length)
     b = cfg.bootstrap
     epochs = -(-b.max_steps * b.batch_size * b.devices // max(1, len(examples))) + 1
-    loader = make_loader(examples, b.batch_size, tokenizer.pad_token_id, cfg.seed, epochs)
+    data = SFTDataModule(examples, b.batch_size, tokenizer.pad_token_id, cfg.seed, epochs)
     module = SFTModule(model.train(), b.lr, b.warmup_steps, b.max_steps, b.weight_decay)
     trainer = _trainer(cfg, out / "checkpoints")
     last = out / "checkpoints" / "last.ckpt"
-    trainer.fit(module, train_dataloaders=loader, ckpt_path=str(last) if last.is_file() else None)
+    trainer.fit(module, datamodule=data, ckpt_path=str(last) if last.is_file() else None)
     if not trainer.is_global_zero:
         return {}
     model = module.model.eval()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from functools import partial
 from dataclasses import dataclass
 
 import lightning as L
@@ -68,11 +69,22 @@ def collate(batch: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
     return {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
 
 
-def make_loader(examples: list[SFTExample], batch_size: int, pad_id: int, seed: int, epochs: int) -> DataLoader:
-    """Length-grouped batches for `epochs` passes, a fresh seeded order per pass."""
-    lengths = [len(e.input_ids) for e in examples]
-    batches = [b for epoch in range(epochs) for b in length_grouped_batches(lengths, batch_size, seed + epoch)]
-    return DataLoader(SFTDataset(examples), batch_sampler=batches, collate_fn=lambda b: collate(b, pad_id))
+class SFTDataModule(L.LightningDataModule):
+    """Length-grouped batches for `epochs` passes (a fresh seeded order per pass), sharded across DDP ranks."""
+
+    def __init__(self, examples: list[SFTExample], batch_size: int, pad_id: int, seed: int, epochs: int):
+        super().__init__()
+        self.examples, self.batch_size, self.pad_id, self.seed, self.epochs = examples, batch_size, pad_id, seed, epochs
+
+    def train_dataloader(self) -> DataLoader:
+        lengths = [len(e.input_ids) for e in self.examples]
+        batches = [
+            b for epoch in range(self.epochs) for b in length_grouped_batches(lengths, self.batch_size, self.seed + epoch)
+        ]
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        return DataLoader(
+            SFTDataset(self.examples), batch_sampler=batches[rank::world], collate_fn=partial(collate, pad_id=self.pad_id)
+        )
 
 
 class SFTModule(L.LightningModule):
