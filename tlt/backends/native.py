@@ -1,0 +1,259 @@
+"""The native rollout engine: pure PyTorch, batched prefill and decode, adaptive speculative decoding.
+
+Split as in nano-vllm: sequence state (`native_state`), a model runner (`native_runner`, one forward per
+call) and this engine, whose `_step` is schedule (tuner) -> run (plain step or draft + verify) -> postprocess
+(stop rules, drop finished rows). Ragged prompts are prefilled in one right-padded forward with per-row
+lengths (one forward beats P small ones on CPU where per-op overhead dominates), once per prompt, and the
+cache rows are forked into the n samples. SD can be switched on, off or between strategies on any step: the
+drafter sees every committed token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from tlt.backends.base import Capabilities, DecodeStepStats, Rollout, SamplingParams
+from tlt.backends.native_runner import ModelRunner, next_tokens
+from tlt.backends.native_state import Emission, Outputs, RunningBatch, StopCheck, check_stop
+from tlt.drafters.base import Drafter
+from tlt.models.lean import LeanModel
+from tlt.schedulers.tuners.base import StrategyTuner
+from tlt.speculative.sampling import token_logprobs
+from tlt.speculative.strategy import SpecStrategy
+from tlt.speculative.tree import DraftTree
+
+CAPABILITIES = Capabilities(
+    per_step_strategy=True,
+    drafter_hot_swap=True,
+    hidden_states=True,
+    tree_drafts=True,
+    drafters=("eagle", "small_lm", "ngram"),
+)
+
+
+class NativeEngine:
+    """RolloutEngine over an HF Qwen2 / Llama causal LM (moved to `device`; weights shared with the engine).
+
+    Rollout.hidden_states[t] is the target's final-norm hidden state at the position that produced token t
+    (HF's last_hidden_state at index P - 1 + t over prompt + response), the pair the drafter trains on.
+    """
+
+    capabilities = CAPABILITIES
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        eos_token_id: int | None,
+        max_seq_len: int,
+        tuner: StrategyTuner | None = None,
+        drafter: Drafter | None = None,
+        return_hidden: bool = False,
+        device: str | torch.device = "cpu",
+        truncate_prompts: str | None = None,
+    ):
+        if truncate_prompts not in (None, "left"):
+            raise ValueError(f"truncate_prompts must be None (raise) or 'left', got {truncate_prompts!r}")
+        limit = model.config.max_position_embeddings
+        if not 2 <= max_seq_len <= limit:
+            raise ValueError(
+                f"max_seq_len must be in [2, max_position_embeddings={limit}], got {max_seq_len}"
+            )
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.eos_token_id = eos_token_id
+        self.max_seq_len = max_seq_len
+        self.tuner = tuner
+        self.return_hidden = return_hidden
+        self.truncate_prompts = truncate_prompts
+        self.runner = ModelRunner(LeanModel.from_hf(self.model), max_seq_len)
+        self.drafter: Drafter | None = None
+        self.set_drafter(drafter)
+        self.weights_version: int | None = None
+        self.step_stats: list[DecodeStepStats] = []
+        self._max_cache_len = 0  # exact max cache length of the running rows, refreshed every step
+
+    @property
+    def max_prompt_len(self) -> int:
+        """Longest prompt accepted: one slot is left for at least one generated token."""
+        return self.max_seq_len - 1
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        if drafter is not None:
+            drafter.bind(self.model)
+        self.drafter = drafter
+
+    @torch.inference_mode()
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        """Copy HF-named tensors into the model in place; checks every name and shape before copying any."""
+        own = self.model.state_dict()
+        unknown = sorted(set(state_dict) - set(own))
+        if unknown:
+            raise KeyError(
+                f"update_weights: unknown parameter names {unknown[:5]}; "
+                f"expected HF names like {next(iter(own))!r}"
+            )
+        bad = [
+            f"{k}: got {tuple(v.shape)}, model has {tuple(own[k].shape)}"
+            for k, v in state_dict.items()
+            if v.shape != own[k].shape
+        ]
+        if bad:
+            raise ValueError(f"update_weights: shape mismatch, nothing was loaded: {'; '.join(bad[:5])}")
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor)
+        self.weights_version = version
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1
+    ) -> list[Rollout]:
+        """n samples per prompt, grouped by prompt (rollout i is prompt i // n, sample i % n)."""
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+        self.step_stats = []
+        if len(prompts) == 0:
+            return []
+        prompt_ids = self._check_prompts(prompts)
+        generator = torch.Generator(self.device)
+        if sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(sampling.seed)
+        with torch.inference_mode():
+            outputs = Outputs.allocate(
+                len(prompt_ids) * n,
+                sampling.max_new_tokens,
+                self.runner.lean.hidden_size if self.return_hidden else None,
+                self.device,
+            )
+            batch = self._prefill(prompt_ids, n, sampling, generator, outputs)
+            while batch.size:
+                batch = self._step(batch, sampling, generator, outputs)
+        return outputs.rollouts(prompt_ids, n)
+
+    def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        out = []
+        for i, prompt in enumerate(prompts):
+            ids = torch.as_tensor(list(prompt), dtype=torch.long, device=self.device)
+            if ids.numel() == 0:
+                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+            if ids.numel() > self.max_prompt_len:
+                if self.truncate_prompts != "left":
+                    raise ValueError(
+                        f"prompt {i} has {ids.numel()} tokens, more than the engine limit of "
+                        f"{self.max_prompt_len} (max_seq_len={self.max_seq_len} minus one generated token); "
+                        "shorten it or build the engine with truncate_prompts='left'"
+                    )
+                ids = ids[-self.max_prompt_len :]
+            out.append(ids)
+        return out
+
+    @property
+    def _drafting(self) -> bool:
+        return self.drafter is not None and self.tuner is not None
+
+    def _prefill(self, prompts, n, sampling, generator, outputs: Outputs) -> RunningBatch:
+        lengths = torch.tensor([p.numel() for p in prompts], device=self.device)
+        tokens = torch.nn.utils.rnn.pad_sequence(prompts, batch_first=True)  # [P, T] right-padded
+        hidden, logits = self.runner.prefill(tokens, lengths, n)  # [P, T, D], [P, V]
+        rows = torch.arange(len(prompts), device=self.device).repeat_interleave(n)  # [R]
+        logits, lengths = logits[rows], lengths[rows]
+        first = next_tokens(logits, sampling, generator)  # [R]
+        last_hidden = hidden[rows, lengths - 1][:, None]  # [R, 1, D]
+        if self._drafting:
+            use_hidden = self.drafter.uses_target_hidden
+            self.drafter.start(tokens[rows], hidden[rows] if use_hidden else None, lengths)
+        budget = torch.clamp(self.max_seq_len - lengths, max=sampling.max_new_tokens)
+        batch = RunningBatch(
+            seq_ids=torch.arange(rows.numel(), device=self.device),
+            cache_lens=lengths - 1,  # _commit adds the first token's count
+            pending=first,
+            remaining=budget,
+        )
+        emission = Emission(
+            first[:, None],
+            torch.ones_like(first),
+            token_logprobs(logits, first, sampling)[:, None],
+            last_hidden,
+        )
+        batch, _ = self._commit(batch, emission, outputs)
+        return batch
+
+    def _step(self, batch: RunningBatch, sampling, generator, outputs: Outputs) -> RunningBatch:
+        start = time.perf_counter()
+        strategy = self._schedule(batch)
+        kv_len = self._max_cache_len + (strategy.verify_tokens if strategy else 1)
+        if strategy is None:
+            emission, accepted = self.runner.decode(batch, kv_len, sampling, generator), None
+        else:
+            tree = self._draft(strategy, batch.size)
+            emission, accepted = self.runner.speculate(batch, tree, kv_len, sampling, generator)
+        size = batch.size
+        batch, generated = self._commit(batch, emission, outputs)
+        self._record(strategy, size, accepted, generated, time.perf_counter() - start)
+        return batch
+
+    def _draft(self, strategy: SpecStrategy, batch_size: int) -> DraftTree:
+        tree = self.drafter.propose(strategy)
+        shape = tuple(tree.tokens.shape)
+        if shape != (batch_size, strategy.verify_tokens):
+            raise ValueError(
+                f"drafter {type(self.drafter).__name__} proposed a tree of shape {shape} for strategy "
+                f"{strategy}; expected [B, N] = [{batch_size}, {strategy.verify_tokens}]"
+            )
+        return tree
+
+    def _schedule(self, batch: RunningBatch) -> SpecStrategy | None:
+        """The tuner's strategy, or None (plain) without a drafter or when a tree would overflow the cache."""
+        if not self._drafting:
+            return None
+        strategy = self.tuner.select(batch.size)
+        if strategy is None or self._max_cache_len + strategy.verify_tokens > self.max_seq_len:
+            return None
+        return strategy
+
+    def _commit(self, batch: RunningBatch, emission: Emission, outputs: Outputs) -> tuple[RunningBatch, int]:
+        """Stop rules, output write, drafter sync, drop finished rows; returns (batch, generated tokens)."""
+        stop: StopCheck = check_stop(emission.tokens, emission.counts, batch.remaining, self.eos_token_id)
+        outputs.write(batch.seq_ids, emission, stop)
+        if self._drafting:
+            hidden = emission.prev_hidden if self.drafter.uses_target_hidden else None
+            self.drafter.append(emission.tokens, hidden, stop.counts)
+        last = emission.tokens.gather(1, (stop.counts - 1)[:, None]).squeeze(1)
+        batch = RunningBatch(
+            seq_ids=batch.seq_ids,
+            cache_lens=batch.cache_lens + emission.counts,
+            pending=last,
+            remaining=batch.remaining - stop.counts,
+        )
+        alive = ~stop.finished
+        num_alive, generated, max_len = torch.stack(
+            [alive.sum(), stop.counts.sum(), (batch.cache_lens * alive).max()]
+        ).tolist()
+        self._max_cache_len = max_len
+        if num_alive < batch.size:
+            rows = alive.nonzero().squeeze(1)
+            batch = batch.keep(rows)
+            if num_alive:
+                self.runner.keep(rows, kv_len=max_len)
+                if self._drafting:
+                    self.drafter.keep(rows)
+        return batch, generated
+
+    def _record(self, strategy, size: int, accepted, generated: int, seconds: float) -> None:
+        num_accepted = 0 if accepted is None else int(accepted.sum())
+        self.step_stats.append(
+            DecodeStepStats(
+                running_batch=size,
+                sd_on=strategy is not None,
+                strategy=None if strategy is None else str(strategy),
+                drafted_tokens=0 if strategy is None else size * strategy.num_draft_tokens,
+                accepted_tokens=num_accepted,
+                generated_tokens=generated,
+                seconds=seconds,
+            )
+        )
+        if self._drafting:
+            self.tuner.update(strategy, size, generated, seconds)

@@ -1,0 +1,105 @@
+"""The native engine's model runner: one target forward per call (prefill, plain decode step, tree verify)."""
+
+from __future__ import annotations
+
+import torch
+
+from tlt.backends.base import SamplingParams
+from tlt.backends.native_state import Emission, RunningBatch
+from tlt.models.lean import KVCache, LeanModel, commit_path, compact
+from tlt.speculative.sampling import probs_from_logits, sample_tokens, token_logprobs
+from tlt.speculative.tree import DraftTree
+from tlt.speculative.verify import emitted_tokens, verify_tree
+
+
+def next_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """[B, V] logits -> [B] tokens from the target distribution (argmax when greedy: no RNG draw)."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1)
+    return sample_tokens(probs_from_logits(logits, sampling), generator)
+
+
+class ModelRunner:
+    """Owns the target's LeanModel and KV cache (capacity `max_seq_len` slots per row)."""
+
+    def __init__(self, lean: LeanModel, max_seq_len: int):
+        self.lean = lean
+        self.max_seq_len = max_seq_len
+        self.cache: KVCache | None = None  # the running rows (a view of the buffer)
+        self._buffer: KVCache | None = None
+
+    def prefill(
+        self, tokens: torch.Tensor, lengths: torch.Tensor, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill P right-padded prompts [P, T] (lengths [P]) once, then fork each into n cache rows.
+
+        Returns (hidden [P, T, D] of every prompt token, logits [P, V] at each prompt's last token).
+        """
+        P, T = tokens.shape
+        full = self._allocate(P * n)
+        view = KVCache(k=full.k[:, :P], v=full.v[:, :P])
+        positions = torch.arange(T, device=tokens.device).expand(P, T)
+        zeros = torch.zeros(P, dtype=torch.long, device=tokens.device)
+        last = (lengths - 1)[:, None]  # [P, 1]
+        hidden, logits = self.lean.forward(tokens, positions, view, zeros, kv_len=T, logits_at=last)
+        rows = torch.arange(P, device=tokens.device).repeat_interleave(n)
+        self.cache = compact(full, rows, kv_len=T)
+        return hidden, logits[:, 0]
+
+    def _allocate(self, rows: int) -> KVCache:
+        """A cache view with `rows` rows; the buffer is reused across generate() calls when it is large
+        enough."""
+        if self._buffer is None or self._buffer.batch < rows:
+            self._buffer = self.lean.allocate_cache(rows, self.max_seq_len)
+        return KVCache(k=self._buffer.k[:, :rows], v=self._buffer.v[:, :rows])
+
+    def keep(self, rows: torch.Tensor, kv_len: int) -> None:
+        self.cache = compact(self.cache, rows, kv_len=kv_len)
+
+    def decode(
+        self, batch: RunningBatch, kv_len: int, sampling: SamplingParams, generator: torch.Generator
+    ) -> Emission:
+        """One plain step: feed each row's pending token, sample the next one."""
+        hidden, logits = self.lean.forward(
+            batch.pending[:, None], batch.cache_lens[:, None], self.cache, batch.cache_lens, kv_len=kv_len
+        )  # [B, 1, D], [B, 1, V]
+        tokens = next_tokens(logits[:, 0], sampling, generator)  # [B]
+        return Emission(
+            tokens=tokens[:, None],
+            counts=torch.ones_like(tokens),
+            logprobs=token_logprobs(logits, tokens[:, None], sampling),
+            prev_hidden=hidden,
+        )
+
+    def speculate(
+        self,
+        batch: RunningBatch,
+        tree: DraftTree,
+        kv_len: int,
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[Emission, torch.Tensor]:
+        """Verify a draft tree [B, N] in one forward, commit the accepted path; returns (emission, accepted
+        [B]).
+
+        The root's token is taken from the batch (the pending token) so the cache never sees a wrong root.
+        """
+        tokens = torch.cat([batch.pending[:, None], tree.tokens[:, 1:]], dim=1)  # [B, N]
+        tree = DraftTree(tokens=tokens, parents=tree.parents)
+        positions = batch.cache_lens[:, None] + tree.depths()  # [B, N]
+        hidden, logits = self.lean.forward(
+            tokens, positions, self.cache, batch.cache_lens, tree_mask=tree.ancestor_mask(), kv_len=kv_len
+        )  # [B, N, D], [B, N, V]
+        result = verify_tree(tree, logits, sampling, generator)
+        emitted, counts = emitted_tokens(tree, result)  # [B, K + 1], token j was predicted at node path[j]
+        nodes = result.path.clamp(min=0)[:, :, None]  # [B, K + 1, 1]
+        emitted = emitted.clamp(min=0)
+        node_logits = logits.gather(1, nodes.expand(-1, -1, logits.shape[-1]))  # [B, K + 1, V]
+        commit_path(self.cache, batch.cache_lens, result.path)
+        emission = Emission(
+            tokens=emitted,
+            counts=counts,
+            logprobs=token_logprobs(node_logits, emitted, sampling),
+            prev_hidden=hidden.gather(1, nodes.expand(-1, -1, hidden.shape[-1])),
+        )
+        return emission, result.num_accepted

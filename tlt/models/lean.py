@@ -1,0 +1,265 @@
+"""A lean pure-PyTorch forward of HF Qwen2 / Llama causal LMs with a preallocated KV cache and tree attention.
+
+The model holds references to the HF module's weight tensors (no copies), so an in-place weight update of the
+HF model is seen here at once. One `forward` serves prefill (ragged, right-padded), single-token decode and
+tree verification: the Q new tokens of row b are written at cache slots cache_lens[b] .. cache_lens[b] + Q -
+1 and attend to the row's cached prefix plus the new tokens under a causal or a given tree (ancestor) mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class KVCache:
+    """Preallocated keys/values. Rows are batch slots; slot s of row b holds the token at cache position s."""
+
+    k: torch.Tensor  # [L, B, Hkv, S, Dh]
+    v: torch.Tensor  # [L, B, Hkv, S, Dh]
+
+    @property
+    def batch(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+
+@dataclass
+class LeanLayer:
+    """Weight references of one decoder layer (biases are None where the architecture has none)."""
+
+    input_norm: torch.Tensor  # [D]
+    q_w: torch.Tensor  # [H * Dh, D]
+    q_b: torch.Tensor | None
+    k_w: torch.Tensor  # [Hkv * Dh, D]
+    k_b: torch.Tensor | None
+    v_w: torch.Tensor  # [Hkv * Dh, D]
+    v_b: torch.Tensor | None
+    o_w: torch.Tensor  # [D, H * Dh]
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor  # [D]
+    gate_w: torch.Tensor  # [I, D]
+    up_w: torch.Tensor  # [I, D]
+    down_w: torch.Tensor  # [D, I]
+
+
+def _layer_from_hf(layer: torch.nn.Module) -> LeanLayer:
+    attn, mlp = layer.self_attn, layer.mlp
+    if getattr(mlp, "gate_proj", None) is None or getattr(mlp.gate_proj, "bias", None) is not None:
+        raise ValueError(
+            "LeanModel supports SwiGLU MLPs without bias (Qwen2 / Llama); got another MLP layout"
+        )
+    return LeanLayer(
+        input_norm=layer.input_layernorm.weight,
+        q_w=attn.q_proj.weight,
+        q_b=attn.q_proj.bias,
+        k_w=attn.k_proj.weight,
+        k_b=attn.k_proj.bias,
+        v_w=attn.v_proj.weight,
+        v_b=attn.v_proj.bias,
+        o_w=attn.o_proj.weight,
+        o_b=attn.o_proj.bias,
+        post_norm=layer.post_attention_layernorm.weight,
+        gate_w=mlp.gate_proj.weight,
+        up_w=mlp.up_proj.weight,
+        down_w=mlp.down_proj.weight,
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF RMSNorm: normalise in float32, scale by the weight in the input dtype."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)  # one fused op, same math
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's x * cos + rotate_half(x) * sin, with rotate_half(x) * sin = roll(x, Dh / 2) * [-sin1, sin2]."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def attention_mask(
+    cache_lens: torch.Tensor, num_new: int, kv_len: int, tree_mask: torch.Tensor | None
+) -> torch.Tensor:
+    """[B, 1, Q, S] bool: query q of row b sees the row's cached prefix and its allowed new tokens.
+
+    cache_lens: [B]; the new tokens occupy slots cache_lens[b] .. + Q - 1. tree_mask: [B, Q, Q] or None
+    (causal). Slots at or beyond cache_lens[b] + Q (stale or other rows' lengths) are never visible.
+    """
+    device = cache_lens.device
+    rel = torch.arange(kv_len, device=device)[None, :] - cache_lens[:, None]  # [B, S] slot - cache_len
+    prefix = (rel < 0)[:, None, :]  # [B, 1, S]
+    if tree_mask is None:
+        query = torch.arange(num_new, device=device)[None, :, None]  # [1, Q, 1]
+        new = (rel[:, None, :] >= 0) & (rel[:, None, :] <= query)  # [B, Q, S]
+    else:
+        index = rel.clamp(0, num_new - 1)[:, None, :].expand(-1, num_new, -1)  # [B, Q, S]
+        in_block = ((rel >= 0) & (rel < num_new))[:, None, :]  # [B, 1, S]
+        new = tree_mask.gather(2, index) & in_block
+    return (prefix | new)[:, None]
+
+
+class LeanModel:
+    """Inference-only forward over an HF Qwen2 / Llama causal LM's weights (shared, not copied)."""
+
+    def __init__(self, model: torch.nn.Module):
+        config = model.config
+        inner = model.model
+        self.num_layers = config.num_hidden_layers
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.hidden_size = config.hidden_size
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden_size // self.num_heads
+        self.vocab_size = config.vocab_size
+        self.eps = config.rms_norm_eps
+        self.max_positions = config.max_position_embeddings
+        self.embed = inner.embed_tokens.weight  # [V, D]
+        self.final_norm = inner.norm.weight  # [D]
+        self.lm_head = model.lm_head.weight  # [V, D] (the embedding itself when tied)
+        self.layers = [_layer_from_hf(layer) for layer in inner.layers]
+        self.dtype = self.embed.dtype
+        self.device = self.embed.device
+        self._rope_tables(inner.rotary_emb)
+
+    @classmethod
+    def from_hf(cls, model: torch.nn.Module) -> LeanModel:
+        if getattr(model.config, "model_type", None) not in ("qwen2", "llama"):
+            raise ValueError(
+                f"LeanModel supports Qwen2 and Llama causal LMs, got model_type={model.config.model_type!r}"
+            )
+        rope = getattr(model.config, "rope_parameters", None) or {}
+        if rope.get("rope_type", "default") in ("dynamic", "longrope"):
+            raise ValueError(
+                f"LeanModel precomputes RoPE tables; rope_type={rope['rope_type']!r} is not supported"
+            )
+        if getattr(model.config, "use_sliding_window", False):
+            raise ValueError(
+                "LeanModel does not implement sliding-window attention; set use_sliding_window=False"
+            )
+        return cls(model)
+
+    def _rope_tables(self, rotary: torch.nn.Module) -> None:
+        """cos/sin tables for every position, computed as HF does (position * inv_freq in float32)."""
+        inv_freq = rotary.inv_freq.float()  # [Dh / 2]
+        positions = torch.arange(self.max_positions, device=inv_freq.device, dtype=torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]  # [P, Dh / 2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [P, Dh]
+        self.cos = (emb.cos() * rotary.attention_scaling).to(self.dtype)
+        sin = emb.sin() * rotary.attention_scaling
+        half = sin.shape[-1] // 2
+        self.signed_sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(self.dtype)  # [P, Dh]
+
+    def allocate_cache(self, batch: int, max_len: int) -> KVCache:
+        if max_len > self.max_positions:
+            raise ValueError(f"cache length {max_len} exceeds max_position_embeddings={self.max_positions}")
+        shape = (self.num_layers, batch, self.num_kv_heads, max_len, self.head_dim)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return KVCache(k=k, v=torch.zeros_like(k))
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        cache_lens: torch.Tensor,
+        tree_mask: torch.Tensor | None = None,
+        kv_len: int | None = None,
+        logits_at: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run Q new tokens per row; returns (hidden [B, Q, D] after the final norm, logits [B, Q, V]).
+
+        tokens, positions: [B, Q] int64; cache_lens: [B] int64 tokens already cached per row; tree_mask:
+        [B, Q, Q] bool ancestor mask (None = causal). kv_len: an upper bound on max(cache_lens) + Q known to
+        the caller (saves a host sync); defaults to computing it. The cache must have room for cache_lens + Q.
+        logits_at: [B, M] query indices; when given, logits are computed only there ([B, M, V]), e.g. the last
+        prompt token of a prefill.
+        """
+        B, Q = tokens.shape
+        if kv_len is None:
+            kv_len = int(cache_lens.max()) + Q
+        if kv_len > cache.max_len:
+            raise ValueError(f"forward needs {kv_len} cache slots but the cache holds {cache.max_len}")
+        mask = attention_mask(cache_lens, Q, kv_len, tree_mask)  # [B, 1, Q, S]
+        cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, Q, 1, Dh]
+        rows = torch.arange(B, device=tokens.device)[:, None]  # [B, 1]
+        slots = cache_lens[:, None] + torch.arange(Q, device=tokens.device)[None, :]  # [B, Q]
+        x = F.embedding(tokens, self.embed)  # [B, Q, D]
+        for i, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, self.eps)
+            attn = self._attention(h, layer, cache.k[i], cache.v[i], (rows, slots), (cos, sin), mask)
+            x = x + F.linear(attn, layer.o_w, layer.o_b)
+            h = rms_norm(x, layer.post_norm, self.eps)
+            x = x + F.linear(F.silu(F.linear(h, layer.gate_w)) * F.linear(h, layer.up_w), layer.down_w)
+        hidden = rms_norm(x, self.final_norm, self.eps)
+        if logits_at is None:
+            return hidden, F.linear(hidden, self.lm_head)
+        picked = hidden.gather(1, logits_at[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, M, D]
+        return hidden, F.linear(picked, self.lm_head)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., V] logits of final-norm hidden states [..., D]."""
+        return F.linear(hidden, self.lm_head)
+
+    def _attention(self, h, layer: LeanLayer, k_cache, v_cache, where, rope, mask) -> torch.Tensor:
+        """GQA attention of h [B, Q, D]; writes the new K/V into the caches [B, Hkv, S, Dh] at `where`."""
+        B, Q, _ = h.shape
+        rows, slots = where
+        cos, sin = rope
+        q = F.linear(h, layer.q_w, layer.q_b).view(B, Q, self.num_heads, self.head_dim)
+        k = F.linear(h, layer.k_w, layer.k_b).view(B, Q, self.num_kv_heads, self.head_dim)
+        v = F.linear(h, layer.v_w, layer.v_b).view(B, Q, self.num_kv_heads, self.head_dim)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        k_cache[rows, :, slots] = k  # indexed view is [B, Q, Hkv, Dh]
+        v_cache[rows, :, slots] = v
+        S = mask.shape[-1]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),  # [B, H, Q, Dh]
+            k_cache[:, :, :S],
+            v_cache[:, :, :S],
+            attn_mask=mask,
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )  # [B, H, Q, Dh]
+        return out.transpose(1, 2).reshape(B, Q, self.num_heads * self.head_dim)
+
+
+def compact(cache: KVCache, rows: torch.Tensor, kv_len: int | None = None) -> KVCache:
+    """Keep cache rows `rows` ([B'] int64, in this order) as rows 0..B'-1, reusing the same storage.
+
+    Rows may repeat (to fork a prompt's cache into n samples) when B' <= B; kv_len limits the copy to the
+    used slots.
+    """
+    B2 = rows.shape[0]
+    if B2 > cache.batch:
+        raise ValueError(
+            f"compact to {B2} rows needs a cache with at least that many rows, has {cache.batch}"
+        )
+    S = cache.max_len if kv_len is None else kv_len
+    cache.k[:, :B2, :, :S] = cache.k[:, rows, :, :S]  # the right side is gathered into a temporary first
+    cache.v[:, :B2, :, :S] = cache.v[:, rows, :, :S]
+    return KVCache(k=cache.k[:, :B2], v=cache.v[:, :B2])
+
+
+def commit_path(cache: KVCache, cache_lens: torch.Tensor, path: torch.Tensor) -> None:
+    """Move the K/V of accepted tree nodes to contiguous slots after verification.
+
+    The tree's nodes were written at slots cache_lens[b] + node. path: [B, K + 1] node indices of the
+    accepted path (root first, increasing, -1 padded). Afterwards path node i of row b sits at slot
+    cache_lens[b] + i.
+    """
+    B, width = path.shape
+    steps = torch.arange(width, device=path.device)[None, :]  # [1, K + 1]
+    src = cache_lens[:, None] + torch.where(path >= 0, path, steps)  # padding copies a slot onto itself
+    dst = cache_lens[:, None] + steps  # [B, K + 1]
+    rows = torch.arange(B, device=path.device)[:, None]
+    for buffer in (cache.k, cache.v):
+        buffer[:, rows, :, dst] = buffer[:, rows, :, src]  # indexed view is [B, K + 1, L, Hkv, Dh]
