@@ -1,0 +1,72 @@
+"""Drafters behind one interface (`tlt.drafters.base.Drafter`), a registry by kind, and their saved folders.
+
+A saved drafter is a folder with `tlt_drafter.json` ({"kind": ..., plus the drafter's own config}) next to
+whatever the drafter needs (HF weights, ...). Classes are resolved lazily by import path, so loading an
+n-gram drafter imports no model code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+DRAFTERS = {
+    "eagle": "tlt.drafters.eagle:EagleDrafter",
+    "small_lm": "tlt.drafters.small_lm:SmallLMDrafter",
+    "ngram": "tlt.drafters.ngram:NgramDrafter",
+}
+DRAFTER_JSON = "tlt_drafter.json"
+
+
+def drafter_class(kind: str) -> type:
+    """The Drafter class registered under `kind`."""
+    if kind not in DRAFTERS:
+        raise ValueError(f"unknown drafter kind {kind!r}; available: {', '.join(sorted(DRAFTERS))}")
+    module, name = DRAFTERS[kind].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def read_drafter_json(path: str | Path) -> dict:
+    """The `tlt_drafter.json` of a saved drafter folder; a clear error when it is not one."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"drafter folder not found: {path}")
+    meta = path / DRAFTER_JSON
+    if not meta.is_file():
+        raise FileNotFoundError(f"{path} is not a saved tlt drafter (no {DRAFTER_JSON})")
+    payload = json.loads(meta.read_text())
+    if not isinstance(payload, dict) or "kind" not in payload:
+        raise ValueError(f"{meta} must be a JSON object with a 'kind' key, got {payload!r}")
+    return payload
+
+
+def load_drafter(path: str | Path):
+    """Load a saved drafter of any registered kind."""
+    kind = read_drafter_json(path)["kind"]
+    return drafter_class(kind).load(path)
+
+
+def save_folder(path: str | Path, fill: Callable[[Path], None], meta: dict) -> Path:
+    """Write a drafter folder atomically: `fill(tmp)` plus `tlt_drafter.json` in a temporary sibling, then a
+    rename over `path` (readers see the old folder or the new one, never a half-written one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        fill(tmp)
+        (tmp / DRAFTER_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
+            os.replace(path, old / "folder")
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
