@@ -17,17 +17,18 @@ def _threads() -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
-def _config(args: argparse.Namespace, extra: list[str]):
+def _config(args: argparse.Namespace, extra: list[str], base: list[str] | tuple[str, ...] = ()):
     from tlt.config import load_config
 
-    return load_config(args.config, extra)
+    return load_config(args.config, extra, base)
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
+    from tlt.models.presets import BOOTSTRAP_DEFAULTS
     from tlt.training.bootstrap import run_bootstrap
 
-    overrides = [f"model.preset={args.preset}"] if args.preset else []
-    cfg = _config(args, overrides + args.overrides)
+    chosen = [f"model.preset={args.preset}"] if args.preset else []
+    cfg = _config(args, chosen + args.overrides, BOOTSTRAP_DEFAULTS.get(args.preset, ()))
     if args.output_dir:
         cfg.output_dir = args.output_dir
     elif cfg.output_dir == "runs/default":
@@ -58,12 +59,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train_drafter(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from tlt.training.distill import run_train_drafter
+
+    cfg = _config(args, args.overrides)
+    out = Path(args.output) if args.output else Path(args.model).parent / "drafter"
+    report = run_train_drafter(cfg, args.model, out, progress=not args.quiet)
+    print(f"[tlt] EAGLE drafter saved to {out}")
+    print(json.dumps(asdict(report), indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tlt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("bootstrap", help="SFT a tiny base policy on generated math solutions")
-    p.add_argument("--preset", help="model preset: test, tiny, small (default: the config's model.preset)")
+    p.add_argument(
+        "--preset",
+        help="model preset: test, tiny, small, with its bootstrap defaults (tlt.models.presets.BOOTSTRAP_DEFAULTS), "
+        "under --config and key=value overrides (default: the config's model.preset)",
+    )
     p.add_argument("--config", help="YAML config file (see configs/)")
     p.add_argument("--output-dir", help="run folder (default runs/bootstrap-<preset>)")
     p.add_argument("--force", action="store_true", help="redo the run even if card.json exists")
@@ -77,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="also write the report as JSON here")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("train-drafter", help="distil an EAGLE drafter on the target's own generations")
+    p.add_argument("model", help="target HF model folder (e.g. runs/bootstrap-tiny/model)")
+    p.add_argument("--output", help="drafter folder to write (default: <model>/../drafter)")
+    p.add_argument("--config", help="YAML config file (its drafter and data sections are used)")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. drafter.train_steps=100")
+    p.set_defaults(func=cmd_train_drafter)
     return parser
 
 

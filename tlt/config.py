@@ -82,8 +82,10 @@ class BootstrapConfig:
     max_length: int = 384  # prompt + response tokens; longer training examples are dropped
     devices: int = 1  # CPU processes (DDP over gloo when > 1)
     checkpoint_every: int = 250
+    precision: str = "32-true"  # Lightning precision: 32-true, or bf16-mixed (~1.6x faster on CPUs with bf16)
 
     def __post_init__(self) -> None:
+        _check_choice("bootstrap.precision", self.precision, ("32-true", "bf16-mixed"))
         _check(self.max_steps >= 1, "bootstrap.max_steps", "an integer >= 1", self.max_steps)
         _check(self.batch_size >= 1, "bootstrap.batch_size", "an integer >= 1", self.batch_size)
         _check(0 < self.lr < 1, "bootstrap.lr", "a float in (0, 1)", self.lr)
@@ -154,9 +156,26 @@ class DrafterConfig:
     batch_tokens: int = 4096  # packed tokens per drafter micro-step
     w_feature: float = 1.0  # EAGLE-1 SmoothL1 feature-loss weight
     w_token: float = 0.1  # EAGLE-1 soft cross-entropy weight
+    train_steps: int = 300  # optimizer steps of `tlt train-drafter` (offline distillation)
+    distill_prompts: int = 512  # training prompts the target answers to make distillation data
+    distill_max_new_tokens: int = 256  # response budget of those answers (and of the acceptance check)
+    distill_temperature: float = 0.0  # 0 = the target's greedy answers, > 0 = sampled ones
+    eval_prompts: int = 16  # held-out prompts for the acceptance-length check before / after training
+    eval_strategy: str = "4_1_5"  # SD strategy of that check
 
     def __post_init__(self) -> None:
         _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram"))
+        _check(self.train_steps >= 1, "drafter.train_steps", "an integer >= 1", self.train_steps)
+        _check(self.distill_prompts >= 1, "drafter.distill_prompts", "an integer >= 1", self.distill_prompts)
+        _check(self.distill_max_new_tokens >= 2, "drafter.distill_max_new_tokens", "an integer >= 2",
+               self.distill_max_new_tokens)
+        _check(self.distill_temperature >= 0, "drafter.distill_temperature", "a float >= 0 (0 = greedy)",
+               self.distill_temperature)
+        _check(self.eval_prompts >= 1, "drafter.eval_prompts", "an integer >= 1", self.eval_prompts)
+        try:
+            SpecStrategy.parse(self.eval_strategy)
+        except ValueError as err:
+            raise ConfigError(f"drafter.eval_strategy: {err}") from None
         _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
         _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
         _check(self.w_feature >= 0 and self.w_token >= 0, "drafter.w_feature/w_token", "floats >= 0",
@@ -214,10 +233,17 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Defaults <- YAML file <- `key=value` overrides, validated; raises ConfigError naming the bad key."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    base: list[str] | tuple[str, ...] = (),
+) -> RunConfig:
+    """Defaults <- `base` overrides (e.g. a preset's) <- YAML file <- `key=value` overrides, validated.
+
+    Raises ConfigError naming the bad key.
+    """
     try:
-        merged = OmegaConf.structured(RunConfig)
+        merged = OmegaConf.merge(OmegaConf.structured(RunConfig), OmegaConf.from_dotlist(list(base)))
         if path is not None:
             path = Path(path)
             if not path.is_file():

@@ -47,23 +47,21 @@ class EvalReport:
         )
 
 
-@torch.inference_mode()
 def greedy_responses(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[list[int]]:
-    """Greedy response token ids per prompt (EOS included when produced), HF generate with left padding."""
-    tokenizer.padding_side = "left"
+    """Greedy response token ids per prompt (EOS included when produced), with the native rollout engine.
+
+    The engine drops finished rows, so a batch with a long tail costs what its running rows cost.
+    """
+    from tlt.backends.base import SamplingParams
+    from tlt.backends.native import NativeEngine
+
+    ids = [tokenizer.encode(p) for p in prompts]
+    limit = max(len(p) for p in ids) + max_new_tokens
+    engine = NativeEngine(model, tokenizer.eos_token_id, max_seq_len=min(limit, model.config.max_position_embeddings))
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     out: list[list[int]] = []
-    for start in range(0, len(prompts), batch_size):
-        enc = tokenizer(prompts[start : start + batch_size], return_tensors="pt", padding=True)
-        gen = model.generate(
-            **enc,
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-        )[:, enc["input_ids"].shape[1] :]
-        for row in gen.tolist():
-            n = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
-            out.append(row[:n])
+    for start in range(0, len(ids), batch_size):
+        out += [r.token_ids.tolist() for r in engine.generate(ids[start : start + batch_size], params)]
     return out
 
 

@@ -27,6 +27,22 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
+# Bootstrap defaults per preset (config overrides applied under the user's YAML and key=value overrides):
+# sized so each preset's SFT fits its time budget on 2 CPU cores.
+BOOTSTRAP_DEFAULTS: dict[str, tuple[str, ...]] = {
+    # <= 60 s: an easy slice of the mix, enough steps to score clearly above an untrained model
+    "test": (
+        "data.max_difficulty=3",
+        "data.train_size=5000",
+        "data.heldout_size=128",
+        "bootstrap.max_steps=200",
+        "eval.max_new_tokens=128",
+    ),
+    "tiny": (),
+    "small": ("bootstrap.max_steps=3000",),
+}
+
+
 def preset_from_name(name: str) -> ModelPreset:
     if name not in PRESETS:
         raise ValueError(f"unknown model preset {name!r}; available: {', '.join(sorted(PRESETS))}")

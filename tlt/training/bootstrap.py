@@ -45,6 +45,7 @@ def _trainer(cfg: RunConfig, ckpt_dir: Path) -> L.Trainer:
         strategy="ddp" if b.devices > 1 else "auto",
         max_steps=b.max_steps,
         max_epochs=-1,
+        precision=b.precision,
         logger=False,
         enable_model_summary=False,
         gradient_clip_val=1.0,

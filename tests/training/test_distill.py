@@ -1,0 +1,114 @@
+"""Offline EAGLE distillation: data alignment, batching, and a short run that raises the acceptance length."""
+
+import logging
+import random
+
+import pytest
+import torch
+
+from tlt.backends.base import SamplingParams
+from tlt.backends.native import NativeEngine
+from tlt.cli import build_parser
+from tlt.config import ConfigError, DrafterConfig
+from tlt.drafters import load_drafter
+from tlt.models.presets import build_model
+from tlt.schedulers.tuners import FixedTuner
+from tlt.training.distill import (
+    DrafterSequence,
+    collate_pairs,
+    collect_sequences,
+    distill_drafter,
+    token_batches,
+)
+
+
+@pytest.fixture(scope="module")
+def target():
+    """A tiny random Qwen2 (vocab 64) whose greedy continuations are varied but patterned."""
+    torch.set_num_threads(1)
+    model = build_model("test", vocab_size=64)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.15, generator=g)
+    return model
+
+
+def _prompts(n, seed):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 64) for _ in range(rng.randint(2, 6))] for _ in range(n)]
+
+
+def test_collected_features_match_a_full_forward(target):
+    prompts = _prompts(3, seed=1)
+    data = collect_sequences(
+        target, prompts, SamplingParams(temperature=0, max_new_tokens=8), eos_token_id=None
+    )
+    assert [s.num_prompt for s in data] == [len(p) for p in prompts]
+    for s in data:
+        assert s.tokens.numel() == s.num_prompt + 8 and s.hidden.shape == (s.tokens.numel() - 1, 128)
+        with torch.no_grad():
+            full = target.model(s.tokens[None]).last_hidden_state[0, :-1]
+        torch.testing.assert_close(s.hidden, full, atol=1e-4, rtol=0)
+
+
+def test_collate_pairs_shift_and_mask():
+    D = 2
+    seqs = [
+        DrafterSequence(torch.tensor([5, 6, 7, 8, 9]), torch.arange(4 * D, dtype=torch.float).view(4, D), 2),
+        DrafterSequence(torch.tensor([1, 2, 3]), -torch.ones(2, D), 1),
+    ]
+    batch = collate_pairs(seqs)
+    assert batch["tokens"].tolist() == [[6, 7, 8], [2, 0, 0]]
+    assert batch["mask"].tolist() == [[False, True, True], [True, False, False]]  # token is a response token
+    assert batch["hidden"][0].tolist() == [[0, 1], [2, 3], [4, 5]]  # h_0..h_2
+    assert batch["target"][0].tolist() == [[2, 3], [4, 5], [6, 7]]  # h_1..h_3
+    assert batch["hidden"][1, 0].tolist() == [-1, -1] and batch["target"][1, 1:].abs().sum() == 0
+
+
+def test_token_batches_respect_the_budget_and_cover_all():
+    lengths = [(i * 37) % 50 + 1 for i in range(200)]
+    batches = token_batches(lengths, batch_tokens=128, seed=0)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    assert all(len(b) * max(lengths[i] for i in b) <= 128 for b in batches)
+    assert batches == token_batches(lengths, batch_tokens=128, seed=0)
+
+
+def test_drafter_config_validation():
+    with pytest.raises(ConfigError, match="drafter.eval_strategy"):
+        DrafterConfig(eval_strategy="4_1")
+    with pytest.raises(ConfigError, match="drafter.train_steps"):
+        DrafterConfig(train_steps=0)
+
+
+def test_cli_has_train_drafter():
+    args = build_parser().parse_args(
+        ["train-drafter", "runs/x/model", "drafter.train_steps=5", "--output", "d"]
+    )
+    assert args.func.__name__ == "cmd_train_drafter" and args.overrides == ["drafter.train_steps=5"]
+
+
+def test_short_distillation_raises_acceptance_and_stays_lossless(target, tmp_path):
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    cfg = DrafterConfig(
+        train_steps=80, lr=3e-3, batch_tokens=1024, distill_max_new_tokens=32, eval_strategy="3_1_4"
+    )
+    heldout = _prompts(8, seed=2)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    drafter, report = distill_drafter(
+        target, _prompts(64, seed=0), heldout, cfg, None, tmp_path / "eagle", seed=0, progress=False
+    )
+    assert report.accept_before < 1.2  # an untrained head is (almost) never right
+    assert report.accept_after > report.accept_before + 1.0
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())  # frozen, shared, untouched
+    assert drafter.head.embed.data_ptr() == target.get_input_embeddings().weight.data_ptr()
+    loaded = load_drafter(tmp_path / "eagle")
+    greedy = SamplingParams(temperature=0, max_new_tokens=24)
+    plain = NativeEngine(target, eos_token_id=None, max_seq_len=64).generate(heldout, greedy)
+    engine = NativeEngine(
+        target, eos_token_id=None, max_seq_len=64, tuner=FixedTuner("3_2_6", 64), drafter=loaded
+    )
+    for a, b in zip(engine.generate(heldout, greedy), plain, strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
+    assert sum(s.accepted_tokens for s in engine.step_stats) > 8 * 8

@@ -1,0 +1,289 @@
+"""The EAGLE drafter: a one-layer head over the target's features, chain or EAGLE-2 tree drafting.
+
+State per row (see tlt.drafters.base): the KV cache holds one entry per consumed pair (h_i, x_{i+1}), at
+position i; after the pairs of the T + 1 committed tokens x_0..x_T it holds T entries, and its output at the
+newest pair, h'_T, gives the first draft level (EAGLE: the target's h_T is not known yet). Pairs delivered by
+`append` are buffered and consumed in one forward by the next `propose` (or every `flush_every` appends), so
+plain decoding steps cost the drafter nothing. Draft nodes are written past the committed entries and never
+advance the cache length, so anything speculative is discarded by construction.
+
+Tree drafting follows EAGLE-2 (https://arxiv.org/abs/2406.16858): each level feeds the top-k frontier nodes
+(by cumulative log-prob) in one forward under tree attention, each gets top-k children, and the N - 1 best of
+all candidates are verified. topk == 1 gives the greedy chain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tlt.drafters.base import Drafter, DrafterMismatchError
+from tlt.drafters.eagle_head import EagleConfig, EagleHead
+from tlt.models.lean import attention_mask
+from tlt.speculative.strategy import SpecStrategy
+from tlt.speculative.tree import DraftTree
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+class EagleDrafter(Drafter):
+    kind = "eagle"
+    uses_target_hidden = True
+
+    def __init__(self, head: EagleHead, flush_every: int = 32):
+        self.head = head.eval()
+        self.flush_every = flush_every
+        self.k: torch.Tensor | None = None  # [B, Hkv, S, Dh] committed pairs' keys, then draft scratch
+        self.v: torch.Tensor | None = None
+        self.cache_lens: torch.Tensor | None = None  # [B] consumed pairs per row
+        self.last_token: torch.Tensor | None = None  # [B] x_T, the root of the next tree
+        self.feature: torch.Tensor | None = None  # [B, D] h'_T predicted at the newest consumed pair
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, hidden, counts)
+
+    @classmethod
+    def from_target(cls, target: torch.nn.Module, seed: int = 0) -> EagleDrafter:
+        """An untrained head shaped like one of the target's layers, deterministic for a seed, bound to it."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            head = EagleHead(EagleConfig.from_target(target.config))
+        drafter = cls(head)
+        drafter.bind(target)
+        return drafter
+
+    @property
+    def config(self) -> EagleConfig:
+        return self.head.config
+
+    def bind(self, target: torch.nn.Module) -> None:
+        cfg, tcfg = self.config, target.config
+        got = (tcfg.hidden_size, tcfg.vocab_size)
+        if got != (cfg.hidden_size, cfg.vocab_size):
+            raise DrafterMismatchError(
+                f"EAGLE drafter was built for hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size} "
+                f"but the target has hidden_size={got[0]}, vocab_size={got[1]}; train a drafter for this "
+                "target (tlt train-drafter)"
+            )
+        if tcfg.max_position_embeddings > cfg.max_position_embeddings:
+            raise DrafterMismatchError(
+                f"EAGLE drafter covers {cfg.max_position_embeddings} positions, the target "
+                f"{tcfg.max_position_embeddings}"
+            )
+        embed = target.get_input_embeddings().weight
+        self.head.to(device=embed.device, dtype=embed.dtype)
+        self.head.share(embed, target.get_output_embeddings().weight)
+
+    # ---- state -------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def start(self, tokens: torch.Tensor, hidden: torch.Tensor | None, lengths: torch.Tensor) -> None:
+        """Consume the prompts' pairs, once per distinct prompt (the engine forks each prompt into n rows)."""
+        if hidden is None:
+            raise ValueError("the EAGLE drafter needs the target's hidden states (uses_target_hidden=True)")
+        B, T = tokens.shape
+        key = torch.cat([lengths[:, None], tokens], dim=1)  # [B, 1 + T]
+        unique, inverse = torch.unique(key, dim=0, return_inverse=True)
+        first = torch.full((unique.shape[0],), B, device=tokens.device).scatter_reduce(
+            0, inverse, torch.arange(B, device=tokens.device), "amin"
+        )  # [U] a row holding each distinct prompt
+        U, cfg = first.shape[0], self.config
+        shape = (U, cfg.num_kv_heads, _capacity(T + 64), cfg.head_dim)
+        dtype = self.head.fc.weight.dtype
+        self.k = torch.zeros(shape, dtype=dtype, device=tokens.device)
+        self.v = torch.zeros_like(self.k)
+        self.cache_lens = torch.zeros(U, dtype=torch.long, device=tokens.device)
+        self.feature = torch.zeros(U, cfg.hidden_size, dtype=dtype, device=tokens.device)
+        self.pending, self.last_token = [], None
+        if T > 1:
+            self._consume(tokens[first, 1:], hidden[first, :-1], lengths[first] - 1)
+        self.keep(inverse)
+        self.last_token = tokens.gather(1, (lengths - 1)[:, None]).squeeze(1)
+
+    def append(self, tokens: torch.Tensor, prev_hidden: torch.Tensor | None, counts: torch.Tensor) -> None:
+        if prev_hidden is None:
+            raise ValueError("the EAGLE drafter needs the target's hidden states (uses_target_hidden=True)")
+        self.pending.append((tokens, prev_hidden, counts))
+        self.last_token = tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
+        if len(self.pending) >= self.flush_every:
+            self._flush()
+
+    def keep(self, rows: torch.Tensor) -> None:
+        self.k, self.v = self.k[rows], self.v[rows]
+        self.cache_lens, self.feature = self.cache_lens[rows], self.feature[rows]
+        if self.last_token is not None:
+            self.last_token = self.last_token[rows]
+        self.pending = [(t[rows], h[rows], c[rows]) for t, h, c in self.pending]
+
+    @torch.inference_mode()
+    def _flush(self) -> None:
+        """Consume the buffered pairs: merge the chunks into one right-padded block per row."""
+        if not self.pending:
+            return
+        tokens = torch.cat([t for t, _, _ in self.pending], dim=1)  # [B, L]
+        hidden = torch.cat([h for _, h, _ in self.pending], dim=1)  # [B, L, D]
+        valid = torch.cat(
+            [torch.arange(t.shape[1], device=t.device) < c[:, None] for t, _, c in self.pending], 1
+        )
+        order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # valid entries first
+        tokens = tokens.gather(1, order)
+        hidden = hidden.gather(1, order[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        self.pending = []
+        self._consume(tokens, hidden, valid.sum(dim=1))
+
+    def _consume(self, tokens: torch.Tensor, hidden: torch.Tensor, counts: torch.Tensor) -> None:
+        """Append pairs tokens[b, :counts[b]] ([B, Q], hidden [B, Q, D]) to the cache; keep the last h'."""
+        B, Q = tokens.shape
+        kv_len = int(self.cache_lens.max()) + Q
+        self._reserve(kv_len)
+        positions = self.cache_lens[:, None] + torch.arange(Q, device=tokens.device)  # [B, Q]
+        mask = attention_mask(self.cache_lens, Q, kv_len, None)  # [B, 1, Q, S] causal
+        out = self._forward(tokens, hidden, positions, mask)  # [B, Q, D]
+        last = (counts - 1).clamp(min=0)
+        has_pairs = (counts > 0)[:, None]
+        self.feature = torch.where(has_pairs, out[torch.arange(B, device=out.device), last], self.feature)
+        self.cache_lens = self.cache_lens + counts
+
+    def _forward(self, tokens, hidden, positions, mask, offset: int = 0) -> torch.Tensor:
+        """Head forward of Q new queries per row ([B, Q]) written at cache slots cache_lens + offset + q."""
+        Q = tokens.shape[1]
+        rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
+        slots = self.cache_lens[:, None] + offset + torch.arange(Q, device=tokens.device)  # [B, Q]
+        return self.head(tokens, hidden, positions, mask, cache=(self.k, self.v, rows, slots))
+
+    def _reserve(self, slots: int) -> None:
+        """Grow the cache (doubling) to hold `slots` entries per row."""
+        if slots <= self.k.shape[2]:
+            return
+        grow = _capacity(slots) - self.k.shape[2]
+        pad = (0, 0, 0, grow)
+        self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
+
+    # ---- drafting ----------------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def propose(self, strategy: SpecStrategy) -> DraftTree:
+        self._flush()
+        K = strategy.topk
+        depth = min(strategy.steps, strategy.verify_tokens - 1)  # deeper nodes could never be selected
+        B, D = self.feature.shape
+        beam = _Beam.root(self._log_probs(self.feature[:, None]), K)  # depth-1 candidates
+        max_len = int(self.cache_lens.max())
+        self._reserve(max_len + K * (depth - 1))
+        fed_total = K * (depth - 1)  # level l feeds its K frontier nodes as fed nodes K * (l - 1) + slot
+        ancestors = torch.zeros(B, fed_total, fed_total, dtype=torch.bool, device=self.k.device)
+        own = torch.eye(K, dtype=torch.bool, device=self.k.device).expand(B, K, K)
+        parent = torch.full((B, K), -1, dtype=torch.long, device=self.k.device)  # fed index of the parent
+        feature = self.feature[:, None].expand(B, K, D)  # [B, K, D] the parent's output feature
+        for level in range(1, depth):
+            fed = slice(K * (level - 1), K * level)
+            inherited = ancestors.gather(1, parent.clamp(min=0)[:, :, None].expand(-1, -1, fed_total))
+            ancestors[:, fed] = inherited & (parent >= 0)[:, :, None]  # [B, K, F]
+            ancestors[:, fed, fed] |= own
+            mask = _tree_mask(self.cache_lens, ancestors[:, fed, : K * level], max_len + K * level)
+            positions = (self.cache_lens + level - 1)[:, None].expand(B, K)  # depth-l nodes sit at T - 1 + l
+            out = self._forward(beam.frontier_tokens, feature, positions, mask, offset=K * (level - 1))
+            source = beam.expand(self._log_probs(out), K)  # [B, K] frontier slot of each new frontier node
+            feature = out.gather(1, source[:, :, None].expand(-1, -1, D))
+            parent = K * (level - 1) + source
+        return beam.select(self.last_token, strategy.num_draft_tokens)
+
+    def _log_probs(self, feature: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(self.head.logits(feature).float(), dim=-1)  # [B, Q, V]
+
+    # ---- persistence -------------------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """A folder with the trainable head's safetensors (never the target's tensors) + tlt_drafter.json."""
+        from safetensors.torch import save_file
+
+        from tlt.drafters import save_folder
+
+        state = {k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}
+        meta = {"kind": self.kind, **dataclasses.asdict(self.config)}
+        save_folder(path, lambda tmp: save_file(state, str(tmp / WEIGHTS_FILE)), meta)
+
+    @classmethod
+    def load(cls, path: str | Path) -> EagleDrafter:
+        """A saved drafter (unbound: pass it to an engine, or call `bind(target)`)."""
+        from safetensors.torch import load_file
+
+        from tlt.drafters import read_drafter_json
+
+        meta = read_drafter_json(path)
+        if meta.pop("kind") != cls.kind:
+            raise ValueError(f"{path} holds a drafter of another kind, not {cls.kind!r}")
+        head = EagleHead(EagleConfig(**meta))
+        head.load_state_dict(load_file(str(Path(path) / WEIGHTS_FILE)))
+        return cls(head)
+
+
+def _capacity(slots: int) -> int:
+    """Cache capacity for `slots` entries: the next power of two (at least 64)."""
+    return max(64, 1 << (slots - 1).bit_length())
+
+
+def _tree_mask(cache_lens: torch.Tensor, ancestors: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[B, 1, Q, S] bool: the committed prefix, plus draft slots cache_lens + j of the ancestors [B, Q, F]."""
+    F_ = ancestors.shape[2]
+    rel = torch.arange(kv_len, device=cache_lens.device)[None, :] - cache_lens[:, None]  # [B, S]
+    index = rel.clamp(0, F_ - 1)[:, None, :].expand(-1, ancestors.shape[1], -1)  # [B, Q, S]
+    in_block = ((rel >= 0) & (rel < F_))[:, None, :]
+    return ((rel < 0)[:, None, :] | (ancestors.gather(2, index) & in_block))[:, None]
+
+
+@dataclasses.dataclass
+class _Beam:
+    """EAGLE-2 candidates in creation order (a topological order), with the current frontier."""
+
+    tokens: list[torch.Tensor]  # per level [B, C_l] int64
+    scores: list[torch.Tensor]  # per level [B, C_l] cumulative log-prob
+    parents: list[torch.Tensor]  # per level [B, C_l] candidate index of the parent, -1 for the root
+    frontier: torch.Tensor  # [B, K] candidate index of each frontier node
+    num: int  # candidates so far
+
+    @staticmethod
+    def root(log_probs: torch.Tensor, K: int) -> _Beam:
+        scores, tokens = log_probs[:, 0].topk(K, dim=-1)  # [B, K]
+        B = tokens.shape[0]
+        index = torch.arange(K, device=tokens.device).expand(B, K)
+        return _Beam([tokens], [scores], [torch.full_like(tokens, -1)], index, K)
+
+    @property
+    def frontier_tokens(self) -> torch.Tensor:
+        return torch.cat(self.tokens, 1).gather(1, self.frontier)  # [B, K]
+
+    def expand(self, log_probs: torch.Tensor, K: int) -> torch.Tensor:
+        """Add K children per frontier node (log_probs [B, K, V]); keep the K best as the new frontier.
+
+        Returns [B, K]: the frontier slot (0..K-1) each new frontier node descends from.
+        """
+        child_lp, child_tok = log_probs.topk(K, dim=-1)  # [B, K, K]
+        front_scores = torch.cat(self.scores, 1).gather(1, self.frontier)  # [B, K]
+        # [B, K * K] cumulative scores, frontier-major with each node's children best first
+        scores = (front_scores[:, :, None] + child_lp).flatten(1)
+        self.tokens.append(child_tok.flatten(1))
+        self.scores.append(scores)
+        self.parents.append(self.frontier.repeat_interleave(K, dim=1))
+        best = scores.topk(K, dim=-1).indices  # [B, K]
+        self.frontier = self.num + best
+        self.num += K * K
+        return best // K
+
+    def select(self, root: torch.Tensor, n: int) -> DraftTree:
+        """The n best candidates (ancestor-closed) in creation order, as a DraftTree rooted at `root` [B]."""
+        tokens, scores, parents = (torch.cat(x, 1) for x in (self.tokens, self.scores, self.parents))
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices  # ties: parents first
+        chosen = order[:, :n].sort(dim=1).values  # [B, n] creation (topological) order
+        B = tokens.shape[0]
+        node_of = torch.zeros_like(tokens).scatter_(
+            1, chosen, torch.arange(1, n + 1, device=tokens.device).expand(B, n)
+        )  # candidate -> tree node (root = 0)
+        parent = parents.gather(1, chosen)
+        parent = torch.where(parent < 0, 0, node_of.gather(1, parent.clamp(min=0)))
+        minus_one = torch.full((B, 1), -1, dtype=torch.long, device=tokens.device)
+        return DraftTree(
+            tokens=torch.cat([root[:, None], tokens.gather(1, chosen)], dim=1),
+            parents=torch.cat([minus_one, parent], dim=1),
+        )
