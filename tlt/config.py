@@ -129,11 +129,14 @@ class SpeculativeConfig:
     tuner: str = "cost"  # off, fixed, beg, ucb1, cost
     strategies: list[str] = field(default_factory=lambda: ["2_1_3", "3_1_4", "4_1_5", "3_2_6"])
     threshold: int = 32  # `fixed`: SD only when the running batch is at most this
-    epsilon: float = 0.1  # `beg`: exploration rate
+    epsilon: float = 0.1  # `beg` and `cost`: exploration rate
     window: int = 300  # reward window of the bandits
+    buckets: list[str] = field(default_factory=lambda: ["1", "4", "20", "inf"])  # `beg`/`ucb1` batch-size upper bounds
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if str(self.tuner) == "False":  # YAML 1.1 reads an unquoted `off` as the boolean false
+            self.tuner = "off"
         _check_choice("speculative.tuner", self.tuner, ("off", "fixed", "beg", "ucb1", "cost"))
         _check(len(self.strategies) > 0, "speculative.strategies", "a non-empty list like ['4_1_5']", self.strategies)
         for s in self.strategies:
@@ -145,6 +148,20 @@ class SpeculativeConfig:
         _check(self.threshold >= 1, "speculative.threshold", "an integer >= 1", self.threshold)
         _check(0 <= self.epsilon <= 1, "speculative.epsilon", "a float in [0, 1]", self.epsilon)
         _check(self.window >= 1, "speculative.window", "an integer >= 1", self.window)
+        if self.tuner == "fixed":
+            _check(len(self.strategies) == 1, "speculative.strategies", "exactly one strategy for tuner 'fixed'",
+                   self.strategies)
+        from tlt.schedulers.tuners.bandits import parse_buckets
+
+        try:
+            parse_buckets(self.bucket_bounds)
+        except ValueError as err:
+            raise ConfigError(f"speculative.buckets: {err}") from None
+
+    @property
+    def bucket_bounds(self) -> list[int | str]:
+        """`buckets` with the finite bounds as integers (YAML may give them as strings)."""
+        return [int(b) if str(b).strip().isdigit() else str(b) for b in self.buckets]
 
 
 @dataclass
@@ -153,7 +170,10 @@ class DrafterConfig:
     path: str | None = None  # a saved tlt drafter folder to start from
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
     lr: float = 1e-3
-    batch_tokens: int = 4096  # packed tokens per drafter micro-step
+    batch_tokens: int = 4096  # real tokens per drafter micro-step (packed row length; >= longest sample)
+    packing: bool = True  # pack samples into rows, per-document attention (False: pad each to the longest)
+    buffer_decay: float = 0.5  # data-buffer sampling weight per policy version of age, in (0, 1]
+    buffer_long_tokens: int = 256  # samples this long from the previous version are kept (one-step offset)
     w_feature: float = 1.0  # EAGLE-1 SmoothL1 feature-loss weight
     w_token: float = 0.1  # EAGLE-1 soft cross-entropy weight
     train_steps: int = 300  # optimizer steps of `tlt train-drafter` (offline distillation)
@@ -178,6 +198,9 @@ class DrafterConfig:
             raise ConfigError(f"drafter.eval_strategy: {err}") from None
         _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
         _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
+        _check(0 < self.buffer_decay <= 1, "drafter.buffer_decay", "a float in (0, 1]", self.buffer_decay)
+        _check(self.buffer_long_tokens >= 1, "drafter.buffer_long_tokens", "an integer >= 1",
+               self.buffer_long_tokens)
         _check(self.w_feature >= 0 and self.w_token >= 0, "drafter.w_feature/w_token", "floats >= 0",
                (self.w_feature, self.w_token))
 

@@ -96,3 +96,34 @@ def test_select_only_returns_configured_arms(kind, strategies, options, steps):
         assert arm in allowed
         tuner.update(arm, batch_size, batch_size + (extra if arm is not None else 0), seconds)
     json.dumps(tuner.state_dict())
+
+
+@pytest.mark.parametrize("kind", ["off", "fixed", "beg", "ucb1", "cost"])
+def test_tuner_from_config_builds_each_kind(kind):
+    from tlt.config import load_config
+    from tlt.schedulers.tuners import tuner_from_config
+
+    strategies = "['4_1_5']" if kind == "fixed" else "['2_1_3','4_1_5']"
+    cfg = load_config(None, [f"speculative.tuner={kind}", f"speculative.strategies={strategies}"]).speculative
+    assert tuner_from_config(cfg).kind == kind
+    cfg.enabled = False
+    assert tuner_from_config(cfg).kind == "off"
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["speculative.strategies=['4_1']"], "invalid SD strategy '4_1'"),
+        (["speculative.strategies=[8448]"], "quote it"),
+        (["speculative.strategies=['1_1_3']"], "exceeds"),
+        (["speculative.tuner=fixed"], "exactly one strategy"),
+        (["speculative.buckets=['4','1','inf']"], "speculative.buckets"),
+        (["speculative.buckets=['1','4']"], "ending with inf"),
+        (["speculative.threshold=0"], "speculative.threshold"),
+    ],
+)
+def test_bad_strategy_sets_and_thresholds_in_config_name_the_key(overrides, message):
+    from tlt.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)

@@ -82,3 +82,16 @@ def _lookup(kind: str) -> tuple[type[StrategyTuner], Callable[..., StrategyTuner
     if kind not in TUNERS:
         raise ValueError(f"unknown tuner kind {kind!r}; choose one of {list(TUNERS)}")
     return TUNERS[kind]
+
+
+def tuner_from_config(cfg) -> StrategyTuner:
+    """The tuner a `tlt.config.SpeculativeConfig` describes (`enabled: false` gives `off`)."""
+    kind = cfg.tuner if cfg.enabled else "off"
+    options: dict[str, Any] = {
+        "off": {},
+        "fixed": {"threshold": cfg.threshold},
+        "beg": {"buckets": cfg.bucket_bounds, "window": cfg.window, "epsilon": cfg.epsilon},
+        "ucb1": {"buckets": cfg.bucket_bounds, "window": cfg.window},
+        "cost": {"epsilon": cfg.epsilon},
+    }[kind]
+    return build_tuner(kind, cfg.strategies, seed=cfg.seed, **options)
