@@ -170,7 +170,7 @@ class DrafterConfig:
     path: str | None = None  # a saved tlt drafter folder to start from
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
     lr: float = 1e-3
-    batch_tokens: int = 4096  # real tokens per drafter micro-step (packed row length; >= longest sample)
+    batch_tokens: int = 4096  # real tokens sampled per drafter micro-step (a longer sample goes alone)
     packing: bool = True  # pack samples into rows, per-document attention (False: pad each to the longest)
     buffer_decay: float = 0.5  # data-buffer sampling weight per policy version of age, in (0, 1]
     buffer_long_tokens: int = 256  # samples this long from the previous version are kept (one-step offset)

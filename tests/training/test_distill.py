@@ -13,13 +13,7 @@ from tlt.config import ConfigError, DrafterConfig
 from tlt.drafters import load_drafter
 from tlt.models.presets import build_model
 from tlt.schedulers.tuners import FixedTuner
-from tlt.training.distill import (
-    DrafterSequence,
-    collate_pairs,
-    collect_sequences,
-    distill_drafter,
-    token_batches,
-)
+from tlt.training.distill import collect_sequences, distill_drafter
 
 
 @pytest.fixture(scope="module")
@@ -44,34 +38,13 @@ def test_collected_features_match_a_full_forward(target):
     data = collect_sequences(
         target, prompts, SamplingParams(temperature=0, max_new_tokens=8), eos_token_id=None
     )
-    assert [s.num_prompt for s in data] == [len(p) for p in prompts]
-    for s in data:
-        assert s.tokens.numel() == s.num_prompt + 8 and s.hidden.shape == (s.tokens.numel() - 1, 128)
+    for s, p in zip(data, prompts, strict=True):
+        # prompt + response without the last response token, whose feature is never computed
+        assert s.tokens[: len(p)].tolist() == p and s.num_tokens == len(p) + 7
+        assert s.loss_mask.tolist() == [False] * len(p) + [True] * 7 and s.hidden.shape == (s.num_tokens, 128)
         with torch.no_grad():
-            full = target.model(s.tokens[None]).last_hidden_state[0, :-1]
+            full = target.model(s.tokens[None]).last_hidden_state[0]
         torch.testing.assert_close(s.hidden, full, atol=1e-4, rtol=0)
-
-
-def test_collate_pairs_shift_and_mask():
-    D = 2
-    seqs = [
-        DrafterSequence(torch.tensor([5, 6, 7, 8, 9]), torch.arange(4 * D, dtype=torch.float).view(4, D), 2),
-        DrafterSequence(torch.tensor([1, 2, 3]), -torch.ones(2, D), 1),
-    ]
-    batch = collate_pairs(seqs)
-    assert batch["tokens"].tolist() == [[6, 7, 8], [2, 0, 0]]
-    assert batch["mask"].tolist() == [[False, True, True], [True, False, False]]  # token is a response token
-    assert batch["hidden"][0].tolist() == [[0, 1], [2, 3], [4, 5]]  # h_0..h_2
-    assert batch["target"][0].tolist() == [[2, 3], [4, 5], [6, 7]]  # h_1..h_3
-    assert batch["hidden"][1, 0].tolist() == [-1, -1] and batch["target"][1, 1:].abs().sum() == 0
-
-
-def test_token_batches_respect_the_budget_and_cover_all():
-    lengths = [(i * 37) % 50 + 1 for i in range(200)]
-    batches = token_batches(lengths, batch_tokens=128, seed=0)
-    assert sorted(i for b in batches for i in b) == list(range(200))
-    assert all(len(b) * max(lengths[i] for i in b) <= 128 for b in batches)
-    assert batches == token_batches(lengths, batch_tokens=128, seed=0)
 
 
 def test_drafter_config_validation():

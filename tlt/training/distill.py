@@ -2,41 +2,30 @@
 
 The target generates responses to training prompts with the native engine (greedy or sampled), returning the
 final-norm hidden state of every response position; the prompt positions' states come from one HF forward.
-Each sequence x_0..x_{L-1} with features h_0..h_{L-2} gives training pairs (h_i, x_{i+1}) -> h_{i+1}; the loss
+Each sequence x_0..x_{T-1} with features h_0..h_{T-1} gives training pairs (h_i, x_{i+1}) -> h_{i+1}; the loss
 (EAGLE-1, `tlt.training.drafter_loss`) is taken where x_{i+1} is a response token, as TLT trains on responses.
+Training goes through the same buffer, packing and LightningModule as online training
+(`tlt.training.drafter_module`).
 Acceptance is measured before and after training on held-out prompts: mean tokens per SD step and row
 (accepted drafts + the bonus token), the EAGLE "acceptance length".
 """
 
 from __future__ import annotations
 
-import math
-import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning as L
 import torch
-from torch.utils.data import DataLoader
 
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle import EagleDrafter
-from tlt.drafters.eagle_head import EagleHead
 from tlt.schedulers.tuners import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
-from tlt.training.drafter_loss import EagleLoss
-
-
-@dataclass
-class DrafterSequence:
-    """One prompt + response with the target's features, the unit of drafter training data."""
-
-    tokens: torch.Tensor  # [L] int64 prompt + response
-    hidden: torch.Tensor  # [L - 1, D] h_i of tokens[i] (the last token's feature is never computed)
-    num_prompt: int  # P
+from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
+from tlt.training.drafter_module import fit_drafter
 
 
 @dataclass
@@ -55,8 +44,12 @@ class DistillReport:
 @torch.inference_mode()
 def collect_sequences(
     model, prompts: list[list[int]], sampling: SamplingParams, eos_token_id: int | None, batch_size: int = 64
-) -> list[DrafterSequence]:
-    """Generate one response per prompt with the target and attach its final-norm features."""
+) -> list[DrafterSample]:
+    """Generate one response per prompt with the target; samples carry its final-norm features (version 0).
+
+    The last generated token's feature is never computed, so a sample holds prompt + response minus that
+    token; its loss mask marks the response tokens.
+    """
     max_seq_len = min(max(map(len, prompts)) + sampling.max_new_tokens, model.config.max_position_embeddings)
     engine = NativeEngine(model, eos_token_id, max_seq_len, return_hidden=True, truncate_prompts="left")
     out = []
@@ -71,96 +64,10 @@ def collect_sequences(
             P = r.prompt_ids.numel()
             hidden = torch.cat([prompt_hidden[b, : P - 1], r.hidden_states], dim=0)  # [P - 1 + R, D]
             if r.token_ids.numel() >= 2:  # at least one pair with a response token and a known target
-                out.append(DrafterSequence(torch.cat([r.prompt_ids, r.token_ids]), hidden.float(), P))
+                tokens = torch.cat([r.prompt_ids, r.token_ids[:-1]])  # [P + R - 1]
+                loss_mask = torch.arange(tokens.numel()) >= P
+                out.append(DrafterSample(tokens, hidden.float(), loss_mask, version=0))
     return out
-
-
-def collate_pairs(batch: list[DrafterSequence]) -> dict[str, torch.Tensor]:
-    """Right-padded pairs: tokens x_{i+1} [B, T], hidden h_i and target h_{i+1} [B, T, D], mask [B, T]."""
-    T = max(s.tokens.numel() - 2 for s in batch)
-    D = batch[0].hidden.shape[1]
-    tokens = torch.zeros(len(batch), T, dtype=torch.long)
-    hidden, target = torch.zeros(len(batch), T, D), torch.zeros(len(batch), T, D)
-    mask = torch.zeros(len(batch), T, dtype=torch.bool)
-    for b, s in enumerate(batch):
-        n = s.tokens.numel() - 2
-        tokens[b, :n] = s.tokens[1 : n + 1]
-        hidden[b, :n], target[b, :n] = s.hidden[:n], s.hidden[1 : n + 1]
-        mask[b, :n] = torch.arange(1, n + 1) >= s.num_prompt  # x_{i+1} is a response token
-    return {"tokens": tokens, "hidden": hidden, "target": target, "mask": mask}
-
-
-def token_batches(lengths: list[int], batch_tokens: int, seed: int) -> list[list[int]]:
-    """Shuffled batches of similar lengths, at most batch_tokens padded tokens each (a longer one alone)."""
-    rng = random.Random(seed)
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches, current = [], []
-    for i in order:
-        if current and (len(current) + 1) * lengths[i] > batch_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    batches.append(current)
-    rng.shuffle(batches)
-    return batches
-
-
-class DrafterModule(L.LightningModule):
-    """Thin LightningModule: EAGLE loss on the head's training forward, AdamW with warmup + cosine decay."""
-
-    def __init__(self, head: EagleHead, cfg: DrafterConfig, max_steps: int):
-        super().__init__()
-        self.head, self.cfg, self.max_steps = head, cfg, max_steps
-        self.loss = EagleLoss(cfg.w_feature, cfg.w_token)
-        self.last: dict[str, float] = {}
-
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        pred = self.head.train_forward(batch["tokens"], batch["hidden"])  # [B, T, D]
-        out = self.loss(pred, batch["target"], self.head.lm_head, batch["mask"])
-        self.log_dict(
-            {"loss": out.loss, "top1": out.top1}, prog_bar=True, batch_size=batch["tokens"].shape[0]
-        )
-        self.last = {"loss": out.loss.item(), "top1": out.top1.item()}
-        return out.loss
-
-    def configure_optimizers(self):
-        opt = torch.optim.AdamW(self.head.parameters(), lr=self.cfg.lr, weight_decay=0.0)
-        warmup = max(1, self.max_steps // 20)
-
-        def scale(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min(1.0, (step - warmup) / max(1, self.max_steps - warmup))
-            return 0.1 + 0.45 * (1 + math.cos(math.pi * progress))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, scale)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
-
-
-def train_head(
-    drafter: EagleDrafter, data: list[DrafterSequence], cfg: DrafterConfig, seed: int, progress: bool = True
-) -> dict[str, float]:
-    """cfg.train_steps optimizer steps on `data`; returns the last batch's loss and top-1 agreement."""
-    lengths = [s.tokens.numel() - 2 for s in data]
-    epochs = -(-cfg.train_steps // len(token_batches(lengths, cfg.batch_tokens, seed)))
-    batches = [b for e in range(epochs) for b in token_batches(lengths, cfg.batch_tokens, seed + e)]
-    loader = DataLoader(data, batch_sampler=batches, collate_fn=collate_pairs)
-    module = DrafterModule(drafter.head.train(), cfg, cfg.train_steps)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=cfg.train_steps,
-        max_epochs=-1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=progress,
-        gradient_clip_val=1.0,
-        num_sanity_val_steps=0,
-    )
-    trainer.fit(module, train_dataloaders=loader)
-    drafter.head.eval()
-    return module.last
 
 
 def acceptance_length(
@@ -211,11 +118,13 @@ def distill_drafter(
     _say(progress, f"acceptance length before training: {before:.3f} ({where})")
     sampling = SamplingParams(cfg.distill_temperature, max_new_tokens=cfg.distill_max_new_tokens, seed=seed)
     data = collect_sequences(model, train_prompts, sampling, eos_token_id)
-    pairs = sum(s.tokens.numel() - 1 - max(1, s.num_prompt) for s in data)
+    pairs = sum(int(s.loss_mask[1:].sum()) for s in data)
     _say(progress, f"{len(data)} sequences, {pairs} response pairs; training {cfg.train_steps} steps")
+    buffer = DrafterBuffer(max_bytes=max(1, sum(s.nbytes for s in data)), seed=seed)
+    buffer.add(data)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        last = train_head(drafter, data, cfg, seed, progress)
+        last = fit_drafter(drafter.head, buffer, cfg, cfg.train_steps, progress)
     after = measure()
     _say(progress, f"acceptance length after training: {after:.3f} (before {before:.3f})")
     if out is not None:
