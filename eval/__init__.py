@@ -1,0 +1,1 @@
+"""Evaluation and ablation harness: benchmarks and reports run as scripts (`python -m eval.<name>`)."""

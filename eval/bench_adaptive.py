@@ -1,0 +1,262 @@
+"""Adaptive rollout benchmark: long-tail rollout wall time with each SD tuner, side by side in one process.
+
+Configurations (same target, drafter, prompts, seeds):
+  sd-never        plain decoding throughout (OffTuner)
+  always-<s>      SD with strategy s on every step, whatever the batch size (one per strategy)
+  reference       the reference code's scheme: SD only at <= 32 running sequences, one fixed strategy per
+                  batch-size bucket [1], [2-4], [5-20], [21+] chosen greedily (BEG with epsilon 0)
+  adaptive-<k>    a learning tuner (cost, beg, ucb1) over all strategies, no manual settings
+
+Each configuration runs one untimed warm-up rollout (learning tuners keep what they learned, as they would
+across RL steps), then `--repeats` timed rollouts; medians are reported. Also writes the adaptive tuner's
+decisions (SD on/off and strategy per running batch size) as a table and a PNG, and the tuner's own cost per
+decode step.
+
+  python eval/bench_adaptive.py --target runs/quickstart/model --drafter runs/quickstart/drafter \
+      --prompts 16 --samples 8 --out runs/bench-adaptive
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import torch
+
+from tlt.backends.base import SamplingParams
+from tlt.backends.native import NativeEngine
+from tlt.schedulers.tuners import FixedTuner, OffTuner, build_tuner
+
+REFERENCE_BUCKETS = (1, 4, 20, 32)  # SD only at <= 32 running sequences, as the reference
+
+
+class TimedTuner:
+    """Wraps a tuner and accumulates the seconds spent in select() and update() (the tuner's overhead)."""
+
+    def __init__(self, tuner):
+        self.tuner, self.seconds, self.calls = tuner, 0.0, 0
+
+    def select(self, batch_size):
+        start = time.perf_counter()
+        arm = self.tuner.select(batch_size)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        return arm
+
+    def update(self, strategy, batch_size, generated_tokens, seconds):
+        start = time.perf_counter()
+        self.tuner.update(strategy, batch_size, generated_tokens, seconds)
+        self.seconds += time.perf_counter() - start
+
+
+class ReferenceTuner:
+    """The reference's scheme: a fixed strategy per batch-size bucket, SD off above the last bound (32).
+
+    What the reference's BEG does with its default strategies (one per bucket, so it never explores).
+    """
+
+    def __init__(self, per_bucket: list[str], bounds: tuple[int, ...] = REFERENCE_BUCKETS):
+        from tlt.speculative.strategy import SpecStrategy
+
+        self.bounds, self.arms = bounds, [SpecStrategy.parse(s) for s in per_bucket]
+
+    def select(self, batch_size):
+        return next(
+            (arm for bound, arm in zip(self.bounds, self.arms, strict=True) if batch_size <= bound), None
+        )
+
+    def update(self, strategy, batch_size, generated_tokens, seconds):
+        pass
+
+
+def tuners(strategies: list[str], seed: int) -> dict[str, object]:
+    """Fresh tuner per configuration name; the reference maps buckets, smallest first, to the strategies
+    from the deepest to the shallowest (as its 8_4_48 .. 8_4_8 list)."""
+    out: dict[str, object] = {"sd-never": OffTuner()}
+    for s in strategies:
+        out[f"always-{s}"] = FixedTuner(s, threshold=10**9)
+    deep_first = sorted(strategies, key=lambda s: -int(s.split("_")[2]))
+    out["reference"] = ReferenceTuner(
+        [deep_first[min(i, len(deep_first) - 1)] for i in range(len(REFERENCE_BUCKETS))]
+    )
+    for kind in ("cost", "beg", "ucb1"):
+        out[f"adaptive-{kind}"] = build_tuner(kind, strategies, seed=seed)
+    return out
+
+
+def run_config(engine: NativeEngine, prompts, params: SamplingParams, n: int, repeats: int) -> dict:
+    """Warm-up + `repeats` timed rollouts; per-rollout wall seconds, tokens and the step stats of the last."""
+    timed = engine.tuner
+    walls, tokens, accepted, sd_tokens = [], [], [], []
+    for r in range(repeats + 1):
+        seeded = SamplingParams(**{**params.__dict__, "seed": params.seed + r})
+        start = time.perf_counter()
+        rollouts = engine.generate(prompts, seeded, n=n)
+        wall = time.perf_counter() - start
+        if r == 0:
+            continue
+        walls.append(wall)
+        tokens.append(sum(len(x.token_ids) for x in rollouts))
+        sd_steps = [s for s in engine.step_stats if s.sd_on]
+        accepted.append(
+            sum(s.accepted_tokens for s in sd_steps) / max(1, sum(s.running_batch for s in sd_steps))
+        )
+        sd_tokens.append(
+            sum(s.generated_tokens for s in sd_steps)
+            / max(1, sum(s.generated_tokens for s in engine.step_stats))
+        )
+    steps = len(engine.step_stats)
+    return {
+        "wall_s": statistics.median(walls),
+        "walls": walls,
+        "tokens": statistics.median(tokens),
+        "tokens_per_s": statistics.median(t / w for t, w in zip(tokens, walls, strict=True)),
+        "accepted_per_verify": statistics.median(accepted),
+        "sd_token_share": statistics.median(sd_tokens),
+        "tuner_us_per_step": 1e6 * timed.seconds / max(1, timed.calls),
+        "decisions": [(s.running_batch, s.strategy) for s in engine.step_stats],
+        "steps_last": steps,
+    }
+
+
+def decision_table(decisions: list[tuple[int, str | None]]) -> dict[str, dict[str, float]]:
+    """Share of decode steps per choice ("plain" or a strategy), per power-of-two batch-size range."""
+    by_range: dict[str, Counter] = defaultdict(Counter)
+    for batch, strategy in decisions:
+        lo = 1 << (batch.bit_length() - 1)
+        by_range[f"{lo}-{2 * lo - 1}"][strategy or "plain"] += 1
+    order = sorted(by_range, key=lambda k: int(k.split("-")[0]))
+    return {k: {arm: c / sum(by_range[k].values()) for arm, c in by_range[k].most_common()} for k in order}
+
+
+def plot_decisions(decisions: list[tuple[int, str | None]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = sorted({s or "plain" for _, s in decisions}, key=lambda a: (a != "plain", a))
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for arm in arms:
+        xs = [i for i, (_, s) in enumerate(decisions) if (s or "plain") == arm]
+        ax.scatter(xs, [decisions[i][0] for i in xs], s=6, label=arm)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("decode step")
+    ax.set_ylabel("running batch size")
+    ax.set_title(title)
+    ax.legend(markerscale=3, fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=120)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def markdown(results: dict[str, dict], machine: str, table: dict, best_fixed: str) -> str:
+    base = results["sd-never"]["wall_s"]
+    lines = [
+        f"# Adaptive rollout benchmark\n\n{machine}\n",
+        "| config | wall s (median) | speedup vs sd-never | tokens/s | accepted/verify | SD token share | tuner us/step |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['wall_s']:.2f} | {base / r['wall_s']:.2f}x | {r['tokens_per_s']:.0f} | "
+            f"{r['accepted_per_verify']:.2f} | {r['sd_token_share']:.0%} | {r['tuner_us_per_step']:.0f} |"
+        )
+    lines += [
+        f"\nBest fixed strategy in hindsight: {best_fixed}.\n",
+        "\n## Adaptive (cost) decisions by running batch size\n",
+    ]
+    lines += ["| batch sizes | choices (share of decode steps) |", "|---|---|"]
+    for rng, shares in table.items():
+        lines.append(f"| {rng} | " + ", ".join(f"{a} {p:.0%}" for a, p in shares.items()) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tlt.config import load_config
+    from tlt.data.prompts import format_prompt
+    from tlt.data.splits import task_mix, training_problems
+    from tlt.drafters import load_drafter
+    from tlt.drafters.ngram import NgramDrafter
+    from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
+    from eval.machine import describe_machine
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True, help="HF folder of the base policy")
+    p.add_argument("--drafter", help="saved tlt drafter folder (default: the model-free ngram drafter)")
+    p.add_argument("--strategies", default="2_1_3,3_1_4,4_1_5,3_2_6")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--configs", help="comma-separated subset of configuration names")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+
+    model, tokenizer = load_hf_folder(args.target)
+    cfg = load_config(None, [])
+    problems = training_problems(task_mix(cfg.data), args.prompts, seed=args.seed + 1)
+    prompts = [tokenizer.encode(format_prompt(q.question)) for q in problems]
+    params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    strategies = args.strategies.split(",")
+    wanted = args.configs.split(",") if args.configs else None
+    results = {}
+    for name, tuner in tuners(strategies, args.seed).items():
+        if wanted and name not in wanted and name != "sd-never":
+            continue
+        drafter = load_drafter(args.drafter) if args.drafter else NgramDrafter()
+        engine = NativeEngine(
+            model,
+            tokenizer.eos_token_id,
+            max_seq_len=max(map(len, prompts)) + args.max_new_tokens,
+            tuner=TimedTuner(tuner),
+            drafter=drafter,
+        )
+        results[name] = run_config(engine, prompts, params, args.samples, args.repeats)
+        r = results[name]
+        print(
+            f"[bench-adaptive] {name}: {r['wall_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
+            f"accepted/verify {r['accepted_per_verify']:.2f}",
+            file=sys.stderr,
+            flush=True,
+        )
+    fixed = {k: v["wall_s"] for k, v in results.items() if k.startswith("always-")}
+    best_fixed = min(fixed, key=fixed.get) if fixed else "n/a"
+    adaptive = next((k for k in results if k.startswith("adaptive-")), None)
+    table = decision_table(results[adaptive]["decisions"]) if adaptive else {}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    machine = ", ".join(f"{k}: {v}" for k, v in describe_machine().items())
+    summary = {k: {m: v for m, v in r.items() if m != "decisions"} for k, r in results.items()}
+    atomic_write_json(
+        out / "adaptive.json",
+        {
+            "machine": machine,
+            "args": vars(args),
+            "results": summary,
+            "best_fixed": best_fixed,
+            "decisions": table,
+        },
+    )
+    atomic_write_text(out / "adaptive.md", markdown(results, machine, table, best_fixed))
+    if adaptive:
+        plot_decisions(
+            results[adaptive]["decisions"],
+            out / "adaptive_decisions.png",
+            f"{adaptive}: SD strategy per decode step (last rollout)",
+        )
+    print((out / "adaptive.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
