@@ -209,9 +209,12 @@ class DrafterConfig:
 class SchedulerConfig:
     policy: str = "spot"  # spot (train on idle workers during rollout), between_steps, never
     buffer_bytes: int = 256 * 2**20  # drafter data-buffer bound
+    between_steps_budget: int = 8  # between_steps: drafter micro-steps per worker after each rollout
 
     def __post_init__(self) -> None:
         _check_choice("scheduler.policy", self.policy, ("spot", "between_steps", "never"))
+        _check(self.between_steps_budget >= 1, "scheduler.between_steps_budget", "an integer >= 1",
+               self.between_steps_budget)
         _check(self.buffer_bytes >= 2**20, "scheduler.buffer_bytes", "an integer >= 1 MiB (1048576)", self.buffer_bytes)
 
 

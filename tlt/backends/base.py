@@ -92,6 +92,10 @@ class RolloutEngine(Protocol):
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None: ...
 
+    def check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Raise unless update_weights(state_dict) would succeed; changes nothing."""
+        ...
+
     def set_drafter(self, drafter: Drafter | None) -> None: ...
 
 

@@ -88,6 +88,14 @@ class NativeEngine:
     @torch.inference_mode()
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Copy HF-named tensors into the model in place; checks every name and shape before copying any."""
+        self.check_weights(state_dict)
+        own = self.model.state_dict()
+        for name, tensor in state_dict.items():
+            own[name].copy_(tensor)
+        self.weights_version = version
+
+    def check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Raise (KeyError / ValueError) unless every name and shape fits the model; copies nothing."""
         own = self.model.state_dict()
         unknown = sorted(set(state_dict) - set(own))
         if unknown:
@@ -102,9 +110,6 @@ class NativeEngine:
         ]
         if bad:
             raise ValueError(f"update_weights: shape mismatch, nothing was loaded: {'; '.join(bad[:5])}")
-        for name, tensor in state_dict.items():
-            own[name].copy_(tensor)
-        self.weights_version = version
 
     def generate(
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1

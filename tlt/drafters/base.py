@@ -7,6 +7,7 @@ target's last-layer hidden state that predicted a token, and the token. `propose
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from pathlib import Path
 
@@ -23,6 +24,7 @@ class DrafterMismatchError(ValueError):
 class Drafter(ABC):
     kind: str  # registry name: "eagle", "small_lm", "ngram"
     uses_target_hidden: bool  # whether append/start need the target's hidden states
+    version: int | None = None  # policy version it was pushed to an engine with (tlt.training.weight_push)
 
     @abstractmethod
     def bind(self, target: torch.nn.Module) -> None:
@@ -62,3 +64,8 @@ class Drafter(ABC):
     @abstractmethod
     def save(self, path: str | Path) -> None:
         """Write the drafter (weights + config) to a folder, atomically."""
+
+    def clone(self) -> Drafter:
+        """An independent copy of the drafter's own weights (bind it before use); training the original
+        afterwards leaves the copy alone."""
+        return copy.deepcopy(self)

@@ -57,6 +57,14 @@ class EagleDrafter(Drafter):
     def config(self) -> EagleConfig:
         return self.head.config
 
+    def clone(self) -> EagleDrafter:
+        """An unbound copy of the trainable head only: the target's embedding and LM head are not copied."""
+        weight = self.head.fc.weight
+        with torch.random.fork_rng(devices=[]):  # the throwaway init must not move the global RNG
+            head = EagleHead(self.config).to(device=weight.device, dtype=weight.dtype)
+        head.load_state_dict(self.head.state_dict())
+        return type(self)(head, self.flush_every)
+
     def bind(self, target: torch.nn.Module) -> None:
         cfg, tcfg = self.config, target.config
         got = (tcfg.hidden_size, tcfg.vocab_size)

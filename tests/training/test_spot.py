@@ -1,0 +1,70 @@
+"""Spot training across 2 real processes on gloo: training in the long-tail wait, preemption, exact
+step-weighted reconciliation, and a failing rank that keeps its rollout and the previous drafter."""
+
+import pytest
+import torch
+
+from tests.training import spot_workers
+from tlt.training.launch import launch_cpu
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Per rank, the scenarios of `spot_workers.run_scenarios` (one launch of two processes)."""
+    return launch_cpu(spot_workers.run_scenarios, 2, timeout_s=50)
+
+
+def test_step_weighted_average_is_exact(runs):
+    (a, b) = (r["average"] for r in runs)
+    expected = (a["before"] * 3 + b["before"] * 5) / 8
+    assert not torch.equal(a["before"], b["before"])
+    assert torch.equal(a["after"], expected) and torch.equal(b["after"], expected)
+
+
+def test_early_rank_trains_during_the_other_ranks_rollout_and_stops_when_it_ends(runs):
+    fast, slow = (r["spot"]["result"] for r in runs)
+    k = fast.stats.micro_steps
+    assert k >= 3 and fast.error is None and not fast.stats.failed
+    assert slow.stats.micro_steps == 0  # the last rank to finish never trains under spot
+    assert fast.weights == slow.weights == [k, 0]
+    # preempted within about one micro-step of the other rank's end (1 s of slack for a loaded machine)
+    step_seconds = fast.stats.train_seconds / k
+    assert fast.stats.last_step_end <= slow.rollout["end"] + 2 * step_seconds + 1.0
+    assert fast.stats.idle_seconds > 0 and fast.stats.train_seconds <= fast.stats.idle_seconds + 1.0
+
+
+def test_replicas_end_identical_as_the_step_weighted_average(runs):
+    r0, r1 = (r["spot"] for r in runs)
+    assert torch.equal(r0["start"], r1["start"])
+    k = r0["result"].stats.micro_steps
+    expected = (r0["trained"] * k + r1["trained"] * 0) / k  # rank 1 did not train: its replica is the start
+    assert torch.equal(r1["trained"], r1["start"]) and not torch.equal(r0["trained"], r0["start"])
+    assert torch.equal(r0["after"], expected) and torch.equal(r1["after"], expected)
+
+
+def test_failing_rank_keeps_its_rollout_and_the_previous_drafter(runs):
+    r0, r1 = (r["spot_fail"] for r in runs)
+    failed, other = r0["result"], r1["result"]
+    assert "injected drafter failure" in failed.error and failed.stats.failed
+    assert failed.stats.micro_steps == 1  # one step succeeded before the failure, and is discarded
+    assert failed.weights == other.weights == [0, 0]
+    assert failed.rollout["tokens"] == [0, 7, 8] and other.rollout["tokens"] == [1, 7, 8]
+    previous = runs[0]["spot"]["after"]
+    assert torch.equal(r0["start"], previous)
+    assert torch.equal(r0["after"], previous) and torch.equal(r1["after"], previous)
+
+
+def test_failing_rank_is_excluded_and_adopts_the_others_drafter(runs):
+    r0, r1 = (r["between_fail"] for r in runs)
+    assert r0["result"].error is not None and r1["result"].error is None
+    assert r1["result"].stats.micro_steps == 2  # the between_steps budget
+    assert r0["result"].weights == r1["result"].weights == [0, 2]
+    expected = (r1["trained"] * 2) / 2
+    assert torch.equal(r0["after"], expected) and torch.equal(r1["after"], expected)
+    assert r0["result"].rollout["tokens"] == [0, 7, 8]
+
+
+def test_never_keeps_the_drafter(runs):
+    r0, r1 = (r["never"] for r in runs)
+    assert r0["result"].weights == [0, 0] and r0["result"].stats.micro_steps == 0
+    assert torch.equal(r0["after"], r0["start"]) and torch.equal(r1["after"], r0["start"])
