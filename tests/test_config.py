@@ -44,6 +44,9 @@ def test_round_trip_through_yaml(tmp_path):
         ("speculative.tuner=magic", "speculative.tuner"),
         ("data.weights=[1.0]", "data.weights"),
         ("rollout.max_seq_len=100", "rollout.max_seq_len"),
+        ("grpo.minibatch_size=0", "grpo.minibatch_size: got 0; allowed: an integer >= 1"),
+        ("grpo.epochs=0", "grpo.epochs"),
+        ("grpo.max_grad_norm=0", "grpo.max_grad_norm"),
         ("no_equals_sign", "key=value"),
     ],
 )

@@ -220,11 +220,18 @@ class SchedulerConfig:
 
 @dataclass
 class GRPOConfig:
-    steps: int = 20
-    lr: float = 1e-5
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    entropy_coef: float = 0.0
+    """GRPO policy update (tlt.training.grpo); the group size G is rollout.samples_per_prompt."""
+
+    steps: int = 20  # RL steps
+    lr: float = 1e-5  # AdamW, constant
+    clip_eps: float = 0.2  # importance ratio clipped to [1 - clip_eps, 1 + clip_eps]
+    kl_coef: float = 0.0  # k3 KL to the frozen initial policy (0: no reference model is kept)
+    entropy_coef: float = 0.0  # entropy bonus weight
+    epochs: int = 1  # passes over each step's rollouts (DeepSeekMath's mu)
+    minibatch_size: int = 32  # sequences per optimizer step (also the chunk of the log-prob recompute)
+    scale_rewards: bool = True  # divide group-centred rewards by the group's std (False: Dr. GRPO)
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "grpo.steps", "an integer >= 1", self.steps)
@@ -232,6 +239,10 @@ class GRPOConfig:
         _check(0 < self.clip_eps < 1, "grpo.clip_eps", "a float in (0, 1)", self.clip_eps)
         _check(self.kl_coef >= 0, "grpo.kl_coef", "a float >= 0", self.kl_coef)
         _check(self.entropy_coef >= 0, "grpo.entropy_coef", "a float >= 0", self.entropy_coef)
+        _check(self.epochs >= 1, "grpo.epochs", "an integer >= 1", self.epochs)
+        _check(self.minibatch_size >= 1, "grpo.minibatch_size", "an integer >= 1", self.minibatch_size)
+        _check(self.max_grad_norm > 0, "grpo.max_grad_norm", "a float > 0", self.max_grad_norm)
+        _check(self.weight_decay >= 0, "grpo.weight_decay", "a float >= 0", self.weight_decay)
 
 
 @dataclass

@@ -1,0 +1,137 @@
+"""One full single-process RL step on a tiny random policy, with TLT on (EAGLE drafter, cost tuner, online
+drafter training) and off (plain decoding, no drafter): metrics, the policy update, the push to the engine,
+and the drafter buffer's hidden states against a direct forward of the pre-step policy."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from tlt.config import ConfigError, load_config
+from tlt.data.prompts import format_prompt
+from tlt.data.tasks import MathProblem
+from tlt.models.presets import build_model
+from tlt.models.tokenizer import train_tokenizer
+from tlt.training.rl_loop import RLTrainer, StepMetrics
+
+PROBLEMS = [
+    MathProblem("What is 2 + 3?", "5", "chain_sum", 1, "2 + 3 = 5. The answer is \\boxed{5}."),
+    MathProblem("What is 7 - 4?", "3", "chain_sum", 1, "7 - 4 = 3. The answer is \\boxed{3}."),
+    MathProblem("What is 6 * 2?", "12", "products", 1, "6 * 2 = 12. The answer is \\boxed{12}."),
+]
+COMMON = [
+    "model.preset=test",
+    "rollout.samples_per_prompt=4",
+    "rollout.prompts_per_step=2",
+    "rollout.max_new_tokens=8",
+    "rollout.max_seq_len=128",
+    "grpo.minibatch_size=4",
+    "grpo.lr=0.001",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    texts = [format_prompt(p.question) + p.solution for p in PROBLEMS]
+    return train_tokenizer(texts * 4, vocab_size=300)
+
+
+def _policy(tokenizer):
+    torch.set_num_threads(1)
+    return build_model(
+        "test", len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0
+    )
+
+
+def _by_length(texts: list[str], golds: list[str]) -> list[float]:
+    """A reward that varies inside groups of a random policy (math rewards would all be 0)."""
+    return [len(t) / 100 for t in texts]
+
+
+def _assert_finite(m: StepMetrics) -> None:
+    for name, value in m.to_dict().items():
+        if value is not None:
+            assert math.isfinite(value), name
+    assert m.num_samples == 8 and m.optimizer_steps == 2 and m.response_len_max <= 8
+    assert m.logprob_gap < 1e-3  # the engine's log-probs agree with the trainer's recompute
+
+
+def _assert_pushed(trainer: RLTrainer, before: dict[str, torch.Tensor]) -> None:
+    engine, policy = trainer.engine, trainer.policy
+    assert engine.weights_version == 1 and engine.model is not policy
+    state = policy.state_dict()
+    assert any(not torch.equal(state[k], v) for k, v in before.items())  # the update moved the policy
+    for k, v in engine.model.state_dict().items():
+        assert torch.equal(v, state[k]) and v.data_ptr() != state[k].data_ptr()
+
+
+def test_step_with_tlt_on(tokenizer):
+    cfg = load_config(None, COMMON + ["drafter.batch_tokens=128", "scheduler.between_steps_budget=2"])
+    assert cfg.speculative.enabled and cfg.speculative.tuner == "cost" and cfg.scheduler.policy == "spot"
+    trainer = RLTrainer(cfg, _policy(tokenizer), tokenizer, PROBLEMS, reward_fn=_by_length)
+    snapshot = copy.deepcopy(trainer.policy)
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+    head_before = {k: v.clone() for k, v in trainer.drafter.head.state_dict().items()}
+
+    m = trainer.step()
+
+    _assert_finite(m)
+    assert m.version == 1 and m.drafter_steps == 2 and m.drafter_loss is not None
+    assert m.sd_token_share > 0 and m.accept_length >= 1  # the cost tuner explores SD
+    _assert_pushed(trainer, before)
+    installed, replica = trainer.engine.drafter, trainer.drafter
+    assert installed is not replica and installed.version == 1
+    head = replica.head.state_dict()
+    assert any(not torch.equal(head[k], v) for k, v in head_before.items())  # the drafter trained
+    assert all(torch.equal(v, head[k]) for k, v in installed.head.state_dict().items())
+
+    assert len(trainer.buffer) == m.buffer_samples == 8
+    prompts = [tokenizer.encode(format_prompt(p.question)) for p in PROBLEMS]
+    for sample in trainer.buffer.samples:
+        assert sample.version == 0
+        P = int((~sample.loss_mask).sum())
+        assert sample.tokens[:P].tolist() in prompts and not sample.loss_mask[:P].any()
+        assert sample.loss_mask[P:].all() and 1 <= sample.num_tokens - P <= 8
+    sample = trainer.buffer.samples[5]
+    with torch.no_grad():
+        direct = snapshot.model(input_ids=sample.tokens[None]).last_hidden_state[0]  # [T, D] post-norm
+    torch.testing.assert_close(sample.hidden, direct, atol=1e-5, rtol=1e-5)
+
+
+def test_step_with_tlt_off(tokenizer):
+    overrides = COMMON + ["speculative.enabled=false", "scheduler.policy=never", "grpo.entropy_coef=0.01"]
+    trainer = RLTrainer(load_config(None, overrides), _policy(tokenizer), tokenizer, PROBLEMS)
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+
+    m = trainer.step()  # math rewards: 0 for a random policy, so only the entropy bonus moves it
+
+    _assert_finite(m)
+    assert m.version == 1 and m.reward_mean == 0.0 and m.entropy > 0
+    assert m.sd_token_share == 0.0 and m.accept_length == 0.0
+    assert m.drafter_steps == 0 and m.drafter_loss is None and m.buffer_samples == 0
+    assert trainer.drafter is None and trainer.engine.drafter is None and trainer.buffer is None
+    _assert_pushed(trainer, before)
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("rollout.temperature=0", "rollout.temperature"),
+        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt"),
+        ("drafter.kind=ngram", "needs an EAGLE drafter"),
+    ],
+)
+def test_rl_config_errors_name_the_key(tokenizer, override, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        RLTrainer(load_config(None, COMMON + [override]), _policy(tokenizer), tokenizer, PROBLEMS)
+
+
+def test_frozen_ngram_drafter_under_never(tokenizer):
+    overrides = COMMON + ["drafter.kind=ngram", "scheduler.policy=never"]
+    cfg = load_config(None, overrides)
+    trainer = RLTrainer(cfg, _policy(tokenizer), tokenizer, PROBLEMS, reward_fn=_by_length)
+    m = trainer.step()
+    _assert_finite(m)
+    assert trainer.engine.drafter.kind == "ngram" and trainer.engine.drafter.version == 1
+    assert m.drafter_steps == 0 and trainer.buffer is None and m.sd_token_share > 0

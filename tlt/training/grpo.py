@@ -1,0 +1,311 @@
+"""GRPO for the policy: group-normalised advantages, the clipped surrogate, k3 KL, entropy bonus, one module.
+
+The math is small pure functions on [B, T] tensors (T: the target axis, token t + 1 predicted at position t);
+`GRPOModule` composes them and states the exact variant. Log-probs are taken at the sampling temperature,
+log_softmax(logits / temperature), the distribution the engine sampled from (`Rollout.logprobs`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+
+from tlt.config import GRPOConfig
+
+ADVANTAGE_EPS = 1e-4  # added to the group std, as in TRL's GRPOTrainer
+
+
+# ---- the math ------------------------------------------------------------------------------------------
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = ADVANTAGE_EPS
+) -> torch.Tensor:
+    """Per-sample advantages from rewards [B] laid out as B / G consecutive groups of G samples -> [B].
+
+    A_i = (r_i - mean_g) / (std_g + eps) with std_g the *sample* standard deviation of the group (n - 1
+    denominator, torch.std, as TRL's GRPOTrainer); scale=False gives r_i - mean_g (Dr. GRPO). A group whose
+    rewards are all equal (including G = 1) gets exactly 0: it carries no signal.
+    """
+    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(
+            f"group_advantages needs rewards [B] with B a multiple of group_size={group_size}; "
+            f"got shape {tuple(rewards.shape)}"
+        )
+    r = rewards.float().view(-1, group_size)  # [B / G, G]
+    centred = r - r.mean(dim=1, keepdim=True)  # [B / G, G]
+    if scale and group_size > 1:
+        centred = centred / (r.std(dim=1, keepdim=True) + eps)
+    same = (r == r[:, :1]).all(dim=1, keepdim=True)  # [B / G, 1]
+    return torch.where(same, 0.0, centred).view(-1)
+
+
+def clipped_surrogate(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, clip_eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped policy loss -min(rho A, clip(rho, 1 - eps, 1 + eps) A), rho = pi / pi_old.
+
+    logprobs, old_logprobs: [B, T]; advantages: [B], one per sequence (outcome reward), broadcast over its
+    tokens. Returns (loss [B, T], clipped [B, T] bool). `clipped` marks tokens where the clipped term is
+    strictly the smaller objective, i.e. rho > 1 + eps with A > 0 or rho < 1 - eps with A < 0: their gradient
+    is zero. (rho < 1 - eps with A > 0, or rho > 1 + eps with A < 0, is not clipped: the pessimistic bound.)
+    """
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T]
+    adv = advantages[:, None].to(ratio.dtype)  # [B, 1]
+    unclipped = ratio * adv  # [B, T]
+    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv  # [B, T]
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimate of KL(pi || pi_ref) at sampled tokens: exp(d) - d - 1, d = log pi_ref - log pi.
+
+    [B, T] -> [B, T], always >= 0; DeepSeekMath eq. 4 (pi_ref / pi - log(pi_ref / pi) - 1), from Schulman's
+    "Approximating KL divergence" (http://joschu.net/blog/kl-approx.html).
+    """
+    d = ref_logprobs - logprobs  # [B, T]
+    return torch.exp(d) - d - 1
+
+
+def token_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of values [B, T] over mask [B, T] positions: every response token of the batch weighs the same
+    (DAPO's token-level mean, not a mean of per-sequence means). 0 for an empty mask."""
+    mask = mask.to(values.dtype)
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+# ---- records -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PolicyOutput:
+    logprobs: torch.Tensor  # [B, T - 1] log pi(x_{t+1} | x_<=t) at the sampling temperature
+    entropy: torch.Tensor | None  # [B, T - 1] entropy of that tempered next-token distribution (if asked)
+    hidden: torch.Tensor  # [B, T, D] last-layer state after the final norm, at every position
+
+
+@dataclass
+class GRPOBatch:
+    """One step's rollouts laid out for the policy forward: prompt + response, right-padded."""
+
+    input_ids: torch.Tensor  # [B, T] int64
+    attention_mask: torch.Tensor  # [B, T] bool, real (non-padding) tokens
+    response_mask: torch.Tensor  # [B, T] bool, response tokens
+    advantages: torch.Tensor  # [B] float32
+    old_logprobs: torch.Tensor | None = None  # [B, T - 1] of input_ids[:, 1:], policy before the update
+    ref_logprobs: torch.Tensor | None = None  # [B, T - 1] the same under the frozen reference (KL on)
+    sampler_logprobs: torch.Tensor | None = None  # [B, T - 1] the engine's log-probs (diagnostics only)
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, T - 1] bool: the predicted token is a response token."""
+        return self.response_mask[:, 1:]
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> GRPOBatch:
+        moved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return GRPOBatch(**{k: None if v is None else v.to(device) for k, v in moved.items()})
+
+    def rows(self, index: torch.Tensor) -> GRPOBatch:
+        """The sub-batch of rows `index` ([b] int64), trimmed to its longest sequence."""
+        T = int(self.attention_mask[index].sum(1).max())
+
+        def take(x: torch.Tensor | None, length: int) -> torch.Tensor | None:
+            return None if x is None else x[index, :length]
+
+        return GRPOBatch(
+            self.input_ids[index, :T],
+            self.attention_mask[index, :T],
+            self.response_mask[index, :T],
+            self.advantages[index],
+            take(self.old_logprobs, T - 1),
+            take(self.ref_logprobs, T - 1),
+            take(self.sampler_logprobs, T - 1),
+        )
+
+
+def make_batch(
+    prompts: list[torch.Tensor],
+    responses: list[torch.Tensor],
+    advantages: torch.Tensor,
+    pad_id: int,
+    sampler_logprobs: list[torch.Tensor] | None = None,
+) -> GRPOBatch:
+    """Right-pad prompt [P_b] + response [R_b] rows into a GRPOBatch (sampler log-probs [R_b] per row)."""
+    B = len(prompts)
+    lengths = [p.numel() + r.numel() for p, r in zip(prompts, responses, strict=True)]
+    T = max(lengths)
+    input_ids = torch.full((B, T), pad_id, dtype=torch.long)  # [B, T]
+    attention = torch.zeros(B, T, dtype=torch.bool)  # [B, T]
+    response = torch.zeros(B, T, dtype=torch.bool)  # [B, T]
+    sampled = torch.zeros(B, T - 1) if sampler_logprobs is not None else None  # [B, T - 1]
+    for b, (p, r) in enumerate(zip(prompts, responses, strict=True)):
+        P, n = p.numel(), lengths[b]
+        input_ids[b, :n] = torch.cat([p.cpu(), r.cpu()])
+        attention[b, :n] = True
+        response[b, P:n] = True
+        if sampled is not None:
+            sampled[b, P - 1 : n - 1] = sampler_logprobs[b].float().cpu()  # position t predicts token t + 1
+    return GRPOBatch(input_ids, attention, response, advantages.float().cpu(), sampler_logprobs=sampled)
+
+
+def policy_forward(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    temperature: float,
+    with_entropy: bool = False,
+) -> PolicyOutput:
+    """One forward of an HF Qwen2 / Llama causal LM: tempered log-probs of the given tokens and hidden states.
+
+    The decoder's `last_hidden_state` is taken after the final norm (the feature the EAGLE drafter and the
+    native engine use); the LM head is applied to it here, so no layer runs twice.
+    """
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, D]
+    logits = model.get_output_embeddings()(hidden[:, :-1]).float() / temperature  # [B, T - 1, V]
+    log_probs = F.log_softmax(logits, dim=-1)  # [B, T - 1, V]
+    logprobs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T - 1]
+    entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None  # [B, T - 1]
+    return PolicyOutput(logprobs, entropy, hidden)
+
+
+@dataclass
+class GRPOLoss:
+    loss: torch.Tensor  # [] what is minimised
+    policy_loss: torch.Tensor  # [] token-mean clipped surrogate (detached)
+    kl: torch.Tensor  # [] token-mean k3 KL to the reference (detached; 0 without one)
+    entropy: torch.Tensor  # [] token-mean entropy (detached; 0 unless entropy_coef > 0)
+    clip_fraction: torch.Tensor  # [] share of response tokens whose clip binds
+
+
+# ---- the module ----------------------------------------------------------------------------------------
+
+
+class GRPOModule(L.LightningModule):
+    """The GRPO policy update; a thin LightningModule (loss + optimizer), driven by `update_policy`.
+
+    Variant: GRPO of DeepSeekMath (Shao et al., 2024, https://arxiv.org/abs/2402.03300, sec. 4.1) with
+    outcome supervision: G samples per prompt, a scalar reward per sample, the same group-normalised advantage
+    on every token of a sample, the PPO clipped surrogate with the per-token ratio pi / pi_old, and KL to a
+    frozen reference policy as a k3 loss term (their eq. 4), not a reward penalty. Choices and deviations:
+
+    - Aggregation: token-mean over all response tokens of the (mini)batch (as DAPO, arXiv 2503.14476), not
+      the paper's 1/|o_i| mean per sequence then mean over the group, which down-weights long responses.
+    - Advantage: (r - mean) / (std + 1e-4) with the sample std (n - 1, as TRL); equal-reward groups get 0.
+      `grpo.scale_rewards=false` drops the std division (Dr. GRPO, arXiv 2503.20783).
+    - pi_old is recomputed by the trainer with the current policy before the update (`recompute`), not taken
+      from the rollout engine; that forward's post-norm hidden states feed the drafter buffer.
+    - mu = `grpo.epochs` passes over the step's rollouts in seeded shuffled minibatches of
+      `grpo.minibatch_size` sequences, one AdamW step each (constant lr, grad-norm clip `grpo.max_grad_norm`).
+      With one epoch and one minibatch the update is on-policy and the clip never binds (rho = 1).
+    - KL off by default (`grpo.kl_coef = 0`: no reference model is kept, as DAPO / Dr. GRPO); the reference
+      is the initial policy, never refreshed.
+    - Optional entropy bonus -`grpo.entropy_coef` * H (full tempered distribution, token-mean), not in
+      the paper.
+    - Log-probs at the sampling temperature; dropout off (eval mode); no dynamic sampling or overlong
+      filtering: zero-advantage groups and truncated responses stay in the batch (and in the token mean).
+    """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        cfg: GRPOConfig,
+        temperature: float,
+        reference: torch.nn.Module | None = None,
+    ):
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError(f"GRPO needs sampled rollouts: temperature must be > 0, got {temperature}")
+        if cfg.kl_coef > 0 and reference is None:
+            raise ValueError(f"grpo.kl_coef={cfg.kl_coef} needs a reference policy; pass `reference`")
+        self.policy = policy.eval()
+        self.reference = None if reference is None else reference.eval().requires_grad_(False)
+        self.cfg, self.temperature = cfg, temperature
+
+    def forward(self, input_ids, attention_mask, with_entropy: bool = False) -> PolicyOutput:
+        return policy_forward(self.policy, input_ids, attention_mask, self.temperature, with_entropy)
+
+    @torch.no_grad()
+    def recompute(self, batch: GRPOBatch) -> tuple[GRPOBatch, torch.Tensor]:
+        """(batch with old and reference log-probs filled in, the policy's hidden states [B, T, D])."""
+        out = self(batch.input_ids, batch.attention_mask)
+        ref = None
+        if self.cfg.kl_coef > 0:
+            ref_out = policy_forward(self.reference, batch.input_ids, batch.attention_mask, self.temperature)
+            ref = ref_out.logprobs
+        return dataclasses.replace(batch, old_logprobs=out.logprobs, ref_logprobs=ref), out.hidden
+
+    def loss(self, batch: GRPOBatch) -> GRPOLoss:
+        """The GRPO loss of a batch whose old (and reference) log-probs are filled in."""
+        if batch.old_logprobs is None:
+            raise ValueError("GRPOModule.loss needs batch.old_logprobs: call recompute(batch) first")
+        cfg, mask = self.cfg, batch.loss_mask
+        out = self(batch.input_ids, batch.attention_mask, with_entropy=cfg.entropy_coef > 0)
+        pg, clipped = clipped_surrogate(out.logprobs, batch.old_logprobs, batch.advantages, cfg.clip_eps)
+        per_token = pg  # [B, T - 1]
+        zero = pg.new_zeros(())
+        kl = entropy = zero
+        if cfg.kl_coef > 0:
+            k3 = kl_k3(out.logprobs, batch.ref_logprobs)
+            per_token, kl = per_token + cfg.kl_coef * k3, token_mean(k3.detach(), mask)
+        if cfg.entropy_coef > 0:
+            per_token = per_token - cfg.entropy_coef * out.entropy
+            entropy = token_mean(out.entropy.detach(), mask)
+        clip_fraction = token_mean(clipped.float(), mask)
+        policy_loss = token_mean(pg.detach(), mask)
+        return GRPOLoss(token_mean(per_token, mask), policy_loss, kl, entropy, clip_fraction)
+
+    def training_step(self, batch: GRPOBatch, batch_idx: int) -> torch.Tensor:
+        out = self.loss(batch)
+        self.log_dict(
+            {"loss": out.loss, "kl": out.kl, "entropy": out.entropy, "clip_fraction": out.clip_fraction},
+            batch_size=batch.size,
+        )
+        return out.loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.policy.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
+
+
+@dataclass
+class UpdateStats:
+    """Means over the optimizer steps of one policy update."""
+
+    optimizer_steps: int
+    loss: float
+    policy_loss: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+    grad_norm: float  # before clipping
+
+
+def update_policy(
+    module: GRPOModule, optimizer: torch.optim.Optimizer, batch: GRPOBatch, generator: torch.Generator
+) -> UpdateStats:
+    """`cfg.epochs` passes over `batch` (old log-probs filled in); a step per shuffled minibatch."""
+    cfg = module.cfg
+    device = batch.input_ids.device
+    minibatches = [
+        index.to(device)
+        for _ in range(cfg.epochs)
+        for index in torch.randperm(batch.size, generator=generator).split(cfg.minibatch_size)
+    ]
+    totals = torch.zeros(6, dtype=torch.float64)  # loss, policy_loss, kl, entropy, clip_fraction, grad_norm
+    for index in minibatches:
+        out = module.loss(batch.rows(index))
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        terms = (out.loss.detach(), out.policy_loss, out.kl, out.entropy, out.clip_fraction, norm)
+        totals += torch.stack([t.detach().double().cpu() for t in terms])
+    means = (totals / len(minibatches)).tolist()
+    return UpdateStats(len(minibatches), *means)

@@ -1,0 +1,307 @@
+"""One TLT RL step in a single process, wired from the parts (DESIGN.md, "Data flow of one RL step").
+
+    prompts -> engine.generate (n = G, adaptive SD with the current drafter) -> rewards -> group advantages
+    -> recompute pi_old + post-norm hidden states (these feed the drafter buffer) -> GRPO policy update
+    -> drafter micro-steps -> push(new policy, new drafter, version + 1)
+
+The engine owns its own copy of the model and gets weights only through `push` (policy and drafter together,
+one version), so the trainer never shares tensors with the rollout. Versions: the initial policy is version
+0; the rollouts of step k come from version k and are stored in the buffer as version k; after the step the
+engine runs version k + 1.
+
+Single process, the drafter trains between steps: there is no other worker whose rollout it could overlap,
+so `spot` and `between_steps` both run `scheduler.between_steps_budget` micro-steps (`DrafterStepper`) after
+the update, and `never` none. Online training is for EAGLE drafters (n-gram and small-LM drafters stay as
+they are; asking to train them is a config error). With `speculative.enabled=false` there is no drafter, no
+buffer and no drafter training: the plain-decoding baseline.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from tlt.backends.base import DecodeStepStats, FinishReason, Rollout, SamplingParams
+from tlt.backends.native import NativeEngine
+from tlt.config import ConfigError, RunConfig
+from tlt.data.prompts import format_prompt
+from tlt.data.rewards import math_rewards
+from tlt.data.tasks import MathProblem
+from tlt.drafters.base import Drafter
+from tlt.evaluation import LengthStats
+from tlt.schedulers.tuners import tuner_from_config
+from tlt.training.drafter_buffer import DrafterBuffer
+from tlt.training.grpo import GRPOBatch, GRPOModule, group_advantages, make_batch, token_mean, update_policy
+from tlt.training.spot import DrafterStepper
+from tlt.training.weight_push import push
+
+RewardFn = Callable[[list[str], list[str]], list[float]]  # (responses, gold answers) -> reward per response
+
+
+@dataclass
+class StepMetrics:
+    """What one RL step did; seconds are wall-clock on this process."""
+
+    step: int  # 0-based RL step
+    version: int  # policy version the engine runs after the step (its rollouts used version - 1)
+    num_samples: int  # rollouts: prompts_per_step * G
+    reward_mean: float
+    accuracy: float  # share of samples with reward >= 1
+    response_len_mean: float  # response tokens, EOS included
+    response_len_p50: float
+    response_len_p90: float
+    response_len_max: int
+    truncated: float  # share of samples that hit max_new_tokens (or the context limit)
+    rollout_seconds: float
+    train_seconds: float  # rewards, log-prob recompute + buffer fill, policy update
+    drafter_seconds: float  # drafter micro-steps
+    push_seconds: float
+    accept_length: float  # tokens per SD verify and row (accepted drafts + bonus); 0 when no SD step ran
+    sd_token_share: float  # share of decode-step tokens from SD steps (first tokens come from prefill)
+    loss: float  # means over the update's optimizer steps
+    policy_loss: float
+    kl: float
+    entropy: float
+    clip_fraction: float
+    grad_norm: float
+    optimizer_steps: int
+    logprob_gap: float  # mean |engine - trainer| log-prob over response tokens (~1e-6 in float32)
+    drafter_steps: int
+    drafter_loss: float | None  # mean micro-step loss; None when the drafter did not train
+    buffer_samples: int  # samples in the drafter buffer after the step (0 without one)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ProblemSampler:
+    """Batches of problems: passes over a seeded shuffle, reshuffled each pass (each problem once a pass)."""
+
+    def __init__(self, problems: Sequence[MathProblem], batch_size: int, seed: int):
+        if not problems:
+            raise ValueError("ProblemSampler needs at least one problem")
+        self.problems, self.batch_size = list(problems), batch_size
+        self.rng = random.Random(seed)
+        self.order: list[int] = []
+
+    def next(self) -> list[MathProblem]:
+        out = []
+        while len(out) < self.batch_size:
+            if not self.order:
+                self.order = list(range(len(self.problems)))
+                self.rng.shuffle(self.order)
+            out.append(self.problems[self.order.pop()])
+        return out
+
+
+def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
+    """The drafter to start from: the saved one at drafter.path, else a fresh one of drafter.kind."""
+    from tlt.drafters import load_drafter
+    from tlt.drafters.eagle import EagleDrafter
+    from tlt.drafters.ngram import NgramDrafter
+    from tlt.drafters.small_lm import SmallLMDrafter
+
+    d = cfg.drafter
+    if d.path:
+        return load_drafter(d.path)
+    fresh: dict[str, Callable[[], Drafter]] = {
+        "eagle": lambda: EagleDrafter.from_target(target, seed=cfg.seed),
+        "ngram": NgramDrafter,
+        "small_lm": lambda: SmallLMDrafter.from_preset(d.small_lm_preset, target.config.vocab_size, cfg.seed),
+    }
+    return fresh[d.kind]()
+
+
+def check_rl_config(cfg: RunConfig) -> None:
+    """What the RL loop needs beyond each section's own validation; raises ConfigError."""
+    if cfg.rollout.backend != "native":
+        raise ConfigError(f"rollout.backend: got {cfg.rollout.backend!r}; the RL loop drives 'native' only")
+    if cfg.rollout.temperature <= 0:
+        raise ConfigError("rollout.temperature: GRPO needs sampled groups, got 0 (greedy); use e.g. 1.0")
+    if cfg.rollout.samples_per_prompt < 2:
+        raise ConfigError(
+            f"rollout.samples_per_prompt: got {cfg.rollout.samples_per_prompt}; GRPO needs groups of >= 2"
+        )
+
+
+def decode_stats(steps: list[DecodeStepStats]) -> tuple[float, float]:
+    """(acceptance length per SD verify and row, share of decode-step tokens from SD steps) of a generate."""
+    sd = [s for s in steps if s.sd_on]
+    rows = sum(s.running_batch for s in sd)
+    accept = (sum(s.accepted_tokens for s in sd) + rows) / rows if rows else 0.0
+    total = sum(s.generated_tokens for s in steps)
+    return accept, sum(s.generated_tokens for s in sd) / total if total else 0.0
+
+
+class RLTrainer:
+    """Single-process TLT RL: the trainable policy, its rollout engine, the drafter and its data buffer.
+
+    Args:
+        cfg: the run config (rollout, speculative, drafter, scheduler, grpo, seed).
+        policy: HF Qwen2 / Llama causal LM to train; moved to `device`. The engine runs a deep copy.
+        tokenizer: HF tokenizer (encodes prompts, decodes responses; eos and pad ids).
+        problems: the prompts' source, drawn `rollout.prompts_per_step` at a time.
+        drafter: the starting drafter when SD is on (default `initial_drafter(cfg, policy)`); the trainer
+            trains this replica and pushes copies of it.
+        reward_fn: (responses, gold answers) -> rewards; math answer checking by default.
+        device: where policy, engine and buffer live (resolved by the caller).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        policy: torch.nn.Module,
+        tokenizer,
+        problems: Sequence[MathProblem],
+        drafter: Drafter | None = None,
+        reward_fn: RewardFn = math_rewards,
+        device: torch.device | str = "cpu",
+    ):
+        check_rl_config(cfg)
+        self.cfg, self.tokenizer, self.reward_fn = cfg, tokenizer, reward_fn
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device).eval()
+        reference = copy.deepcopy(self.policy) if cfg.grpo.kl_coef > 0 else None
+        self.module = GRPOModule(self.policy, cfg.grpo, cfg.rollout.temperature, reference)
+        self.optimizer = self.module.configure_optimizers()
+        self.generator = torch.Generator().manual_seed(cfg.seed)  # minibatch order
+        self.sampler = ProblemSampler(problems, cfg.rollout.prompts_per_step, cfg.seed)
+        sd = cfg.speculative.enabled
+        self.engine = NativeEngine(
+            copy.deepcopy(self.policy),
+            tokenizer.eos_token_id,
+            cfg.rollout.max_seq_len,
+            tuner=tuner_from_config(cfg.speculative) if sd else None,
+            device=self.device,
+            truncate_prompts="left",
+        )
+        self.drafter = (drafter or initial_drafter(cfg, self.policy)) if sd else None
+        self.buffer, self.stepper = self._drafter_training()
+        self.version, self.step_index = 0, 0
+        self._push()
+
+    def _drafter_training(self) -> tuple[DrafterBuffer | None, DrafterStepper | None]:
+        """The buffer and stepper when the drafter trains online (SD on, policy not `never`), else Nones."""
+        if self.drafter is None or self.cfg.scheduler.policy == "never":
+            return None, None
+        if self.drafter.kind != "eagle":
+            raise ConfigError(
+                "scheduler.policy: online drafter training needs an EAGLE drafter, got "
+                f"{self.drafter.kind!r}; set scheduler.policy=never to keep it frozen"
+            )
+        self.drafter.bind(self.policy)  # the replica reads the policy's current embedding / LM head
+        d = self.cfg.drafter
+        buffer = DrafterBuffer(
+            self.cfg.scheduler.buffer_bytes, d.buffer_decay, d.buffer_long_tokens, self.cfg.seed, self.device
+        )
+        return buffer, DrafterStepper(self.drafter.head, buffer, d)
+
+    def step(self) -> StepMetrics:
+        """One RL step; returns its metrics. The engine runs the new version afterwards."""
+        problems = self.sampler.next()
+        start = self._clock()
+        rollouts = self._rollout(problems)
+        accept, sd_share = decode_stats(self.engine.step_stats)
+        rollout_end = self._clock()
+        rewards = self._rewards(rollouts, problems)
+        batch = self._recompute(self._batch(rollouts, rewards))
+        update = update_policy(self.module, self.optimizer, batch, self.generator)
+        train_end = self._clock()
+        drafter_losses = self._train_drafter()
+        drafter_end = self._clock()
+        self.version += 1
+        self._push()
+        push_end = self._clock()
+        lengths = LengthStats.of([r.token_ids.numel() for r in rollouts])
+        gap = token_mean((batch.old_logprobs - batch.sampler_logprobs).abs(), batch.loss_mask).item()
+        metrics = StepMetrics(
+            step=self.step_index,
+            version=self.version,
+            num_samples=len(rollouts),
+            reward_mean=rewards.mean().item(),
+            accuracy=(rewards >= 1).float().mean().item(),
+            response_len_mean=lengths.mean,
+            response_len_p50=lengths.p50,
+            response_len_p90=lengths.p90,
+            response_len_max=lengths.max,
+            truncated=sum(r.finish_reason is FinishReason.LENGTH for r in rollouts) / len(rollouts),
+            rollout_seconds=rollout_end - start,
+            train_seconds=train_end - rollout_end,
+            drafter_seconds=drafter_end - train_end,
+            push_seconds=push_end - drafter_end,
+            accept_length=accept,
+            sd_token_share=sd_share,
+            **asdict(update),
+            logprob_gap=gap,
+            drafter_steps=len(drafter_losses),
+            drafter_loss=sum(drafter_losses) / len(drafter_losses) if drafter_losses else None,
+            buffer_samples=0 if self.buffer is None else len(self.buffer),
+        )
+        self.step_index += 1
+        return metrics
+
+    def _rollout(self, problems: list[MathProblem]) -> list[Rollout]:
+        r = self.cfg.rollout
+        seed = self.cfg.seed * 1_000_003 + self.step_index
+        sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=seed)
+        prompts = [self.tokenizer.encode(format_prompt(p.question)) for p in problems]
+        return self.engine.generate(prompts, sampling, n=r.samples_per_prompt)
+
+    def _rewards(self, rollouts: list[Rollout], problems: list[MathProblem]) -> torch.Tensor:
+        """[B] rewards; rollout i answers problem i // G (the engine groups samples by prompt)."""
+        responses = [r.token_ids.tolist() for r in rollouts]
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        golds = [problems[r.prompt_index].answer for r in rollouts]
+        return torch.tensor(self.reward_fn(texts, golds), dtype=torch.float32)
+
+    def _batch(self, rollouts: list[Rollout], rewards: torch.Tensor) -> GRPOBatch:
+        cfg = self.cfg
+        advantages = group_advantages(rewards, cfg.rollout.samples_per_prompt, cfg.grpo.scale_rewards)
+        return make_batch(
+            [r.prompt_ids for r in rollouts],
+            [r.token_ids for r in rollouts],
+            advantages,
+            self.tokenizer.pad_token_id,
+            [r.logprobs for r in rollouts],
+        ).to(self.device)
+
+    def _recompute(self, batch: GRPOBatch) -> GRPOBatch:
+        """Fill in old (and reference) log-probs, minibatch_size rows per forward; hidden states -> buffer."""
+        old = torch.zeros_like(batch.sampler_logprobs)  # [B, T - 1]
+        ref = torch.zeros_like(old) if self.cfg.grpo.kl_coef > 0 else None
+        rows = torch.arange(batch.size, device=self.device)
+        for index in rows.split(self.cfg.grpo.minibatch_size):
+            chunk, hidden = self.module.recompute(batch.rows(index))  # hidden: [b, T_b, D]
+            T1 = chunk.old_logprobs.shape[1]
+            old[index, :T1] = chunk.old_logprobs
+            if ref is not None:
+                ref[index, :T1] = chunk.ref_logprobs
+            if self.buffer is not None:
+                self.buffer.add_from_forward(
+                    chunk.input_ids, hidden, chunk.attention_mask, chunk.response_mask, self.version
+                )
+        return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref)
+
+    def _train_drafter(self) -> list[float]:
+        """Micro-step losses of this step's drafter training (none under `never` or without SD)."""
+        if self.stepper is None or len(self.buffer) == 0:
+            return []
+        return [self.stepper.step() for _ in range(self.cfg.scheduler.between_steps_budget)]
+
+    def _push(self) -> None:
+        state = self.policy.state_dict()
+        if self.drafter is None:
+            self.engine.update_weights(state, self.version)
+        else:
+            push(self.engine, state, self.drafter, self.version)
+
+    def _clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
