@@ -33,9 +33,9 @@ BOOTSTRAP_DEFAULTS: dict[str, tuple[str, ...]] = {
     # <= 60 s: an easy slice of the mix, enough steps to score clearly above an untrained model
     "test": (
         "data.max_difficulty=3",
-        "data.train_size=5000",
+        "data.train_size=3000",
         "data.heldout_size=128",
-        "bootstrap.max_steps=200",
+        "bootstrap.max_steps=170",
         "eval.max_new_tokens=128",
     ),
     "tiny": (),
