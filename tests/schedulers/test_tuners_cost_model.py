@@ -163,3 +163,23 @@ def test_needs_a_strategy_and_no_duplicates():
         CostModelTuner([])
     with pytest.raises(ValueError, match="duplicates"):
         CostModelTuner(["4_1_5", "4_1_5"])
+
+
+def test_exploration_skips_arms_predicted_far_slower(sim):
+    """With epsilon = 1 every unforced step explores; at b = 64 a 4_1_5 step is predicted ~2x slower than plain
+    and 2_1_3 ~1.4x, so with explore_ratio 0.8 exploration never plays them there (beyond the forced pulls),
+    while explore_ratio 0 does."""
+    batches = [64] * 400
+
+    def late_share(ratio: float) -> float:
+        tuner = CostModelTuner(STRATEGIES, seed=0, epsilon=1.0, epsilon_min=1.0, explore_ratio=ratio)
+        picks = sim.drive(tuner, sim.Env(seed=1, noise=0.0), batches)
+        return sim.share(picks[200:], batches[200:], 64)["None"]
+
+    assert late_share(0.8) == 1.0
+    assert late_share(0.0) < 0.1  # explores the other arms on (almost) every step
+
+
+def test_explore_ratio_is_validated():
+    with pytest.raises(ValueError, match="explore_ratio"):
+        CostModelTuner(STRATEGIES, explore_ratio=1.5)

@@ -11,7 +11,8 @@ It then predicts
 and plays the arm with the highest prediction, so SD turns off where plain decoding is predicted faster.
 Exploration keeps the estimates fresh: every arm is forced `min_pulls` times per power-of-two batch range
 ([1], [2-3], [4-7], ...), and an epsilon that decays as epsilon * decay / (decay + steps) down to
-`epsilon_min` plays a random other arm. Acceptance samples older than `acceptance_horizon` tuner steps are
+`epsilon_min` plays a random other arm among those predicted at least `explore_ratio` times as fast as the
+best here (exploring an arm known to be 3x slower at this batch size only burns time). Acceptance samples older than `acceptance_horizon` tuner steps are
 dropped and an arm left with fewer than `min_pulls` fresh ones is forced again, so acceptance drift of the
 arms not being played is noticed too.
 """
@@ -144,6 +145,7 @@ class CostModelTuner(StrategyTuner):
         epsilon: float = 0.1,
         epsilon_min: float = 0.02,
         epsilon_decay: int = 1000,
+        explore_ratio: float = 0.7,
     ) -> None:
         self.arms: list[Arm] = [*(SpecStrategy.parse(s) for s in strategies), None]
         if len(set(self.arms)) != len(self.arms):
@@ -158,6 +160,8 @@ class CostModelTuner(StrategyTuner):
         for name, value in (("epsilon", epsilon), ("epsilon_min", epsilon_min)):
             if not (isinstance(value, int | float) and 0 <= value <= 1):
                 raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+        if not (isinstance(explore_ratio, int | float) and 0 <= explore_ratio <= 1):
+            raise ValueError(f"explore_ratio must be a number in [0, 1], got {explore_ratio!r}")
         if epsilon_min > epsilon:
             raise ValueError(
                 f"epsilon_min must be <= epsilon, got epsilon_min={epsilon_min}, epsilon={epsilon}"
@@ -170,6 +174,7 @@ class CostModelTuner(StrategyTuner):
             "epsilon": float(epsilon),
             "epsilon_min": float(epsilon_min),
             "epsilon_decay": epsilon_decay,
+            "explore_ratio": float(explore_ratio),
         }
         self.costs = [LinearCost(window) for _ in self.arms]
         self.acceptance = [RecentAcceptance(acceptance_window, acceptance_horizon) for _ in self.arms]
@@ -207,7 +212,11 @@ class CostModelTuner(StrategyTuner):
         rates = [self._predict(index, batch_size) or 0.0 for index in range(len(self.arms))]
         best = rates.index(max(rates))
         if self.rng.random() < self.epsilon:
-            return self.rng.choice([a for i, a in enumerate(self.arms) if i != best])
+            # explore only arms predicted competitive here: a tree at batch 128 can cost 3 plain steps
+            floor = self.options["explore_ratio"] * rates[best]
+            others = [a for i, a in enumerate(self.arms) if i != best and rates[i] >= floor]
+            if others:
+                return self.rng.choice(others)
         return self.arms[best]
 
     def _forced_arm(self, batch_size: int) -> int | None:
