@@ -68,3 +68,15 @@ def test_every_shipped_config_parses(path):
 
 def test_configs_exist():
     assert CONFIGS, "configs/ must ship at least the quickstart preset"
+
+
+def test_rl_configs_differ_only_in_tlt():
+    from tlt.training.checkpoint import config_changes
+
+    root = Path(__file__).parents[1] / "configs"
+    baseline, tlt = load_config(root / "baseline.yaml"), load_config(root / "tlt.yaml")
+    assert (baseline.speculative.enabled, baseline.scheduler.policy) == (False, "never")
+    assert (tlt.speculative.enabled, tlt.speculative.tuner, tlt.drafter.kind, tlt.scheduler.policy) == (
+        True, "cost", "eagle", "spot"
+    )
+    assert config_changes(baseline, tlt) == ["scheduler.policy", "speculative.enabled"]

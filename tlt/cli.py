@@ -1,4 +1,4 @@
-"""The `tlt` command: `tlt bootstrap`, `tlt evaluate` (more jobs join as they land)."""
+"""The `tlt` command: `tlt bootstrap`, `tlt evaluate`, `tlt train-drafter`, `tlt train`."""
 
 from __future__ import annotations
 
@@ -72,7 +72,21 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    from tlt.training.train import run_train
+
+    chosen = [f"output_dir={args.output_dir}"] if args.output_dir else []
+    summary = run_train(_config(args, args.overrides + chosen))
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    return _build()[0]
+
+
+def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `tlt` parser and its subcommand parsers by name."""
     parser = argparse.ArgumentParser(prog="tlt", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -103,11 +117,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress output")
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. drafter.train_steps=100")
     p.set_defaults(func=cmd_train_drafter)
-    return parser
+
+    p = sub.add_parser("train", help="GRPO RL of a bootstrapped policy with TLT rollouts (resumable)")
+    p.add_argument(
+        "config",
+        help="YAML config file (configs/tlt.yaml, configs/baseline.yaml); model.path is the starting policy",
+    )
+    p.add_argument(
+        "--output-dir", help="run folder (default: the config's output_dir); one with a checkpoint is resumed"
+    )
+    p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. grpo.steps=50")
+    p.set_defaults(func=cmd_train)
+    return parser, sub.choices
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse like `parse_intermixed_args`, so key=value overrides may come before or after options.
+
+    argparse refuses intermixed parsing on a parser with subcommands (Python 3.11), so the chosen
+    subcommand's own parser does it; usage errors, `--help` and unknown commands go through the top parser.
+    """
+    parser, commands = _build()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] not in commands:
+        return parser.parse_args(argv)
+    args = commands[argv[0]].parse_intermixed_args(argv[1:])
+    args.command = argv[0]
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     _threads()
     from tlt.config import ConfigError
 

@@ -256,6 +256,19 @@ class EvalConfig:
 
 
 @dataclass
+class TrainConfig:
+    """`tlt train` bookkeeping; the RL step itself is rollout, speculative, drafter, scheduler and grpo."""
+
+    checkpoint_every: int = 10  # RL steps between checkpoints (one is also written after the last step)
+    tensorboard: bool = True  # also log per-step metrics to <output_dir>/tensorboard (CSV is always written)
+    device: str = "auto"  # auto (cuda when available, else cpu), cpu, cuda
+
+    def __post_init__(self) -> None:
+        _check_choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        _check(self.checkpoint_every >= 1, "train.checkpoint_every", "an integer >= 1", self.checkpoint_every)
+
+
+@dataclass
 class RunConfig:
     output_dir: str = "runs/default"
     seed: int = 0
@@ -267,6 +280,7 @@ class RunConfig:
     drafter: DrafterConfig = field(default_factory=DrafterConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 

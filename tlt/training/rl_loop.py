@@ -99,6 +99,13 @@ class ProblemSampler:
             out.append(self.problems[self.order.pop()])
         return out
 
+    def state_dict(self) -> dict:
+        return {"rng": self.rng.getstate(), "order": list(self.order)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.setstate(state["rng"])
+        self.order = list(state["order"])
+
 
 def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
     """The drafter to start from: the saved one at drafter.path, else a fresh one of drafter.kind."""
@@ -245,6 +252,51 @@ class RLTrainer:
         )
         self.step_index += 1
         return metrics
+
+    def state_dict(self) -> dict:
+        """What the next steps depend on beyond the policy and drafter weights (the caller saves those as an
+        HF folder and with `drafter.save`, and passes them back to the constructor): step, version, both
+        optimizers, the minibatch generator, the problem sampler, the tuner, the drafter buffer and the KL
+        reference."""
+        return {
+            "step": self.step_index,
+            "version": self.version,
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "sampler": self.sampler.state_dict(),
+            "reference": None if self.module.reference is None else self.module.reference.state_dict(),
+            "tuner": None if self.engine.tuner is None else self.engine.tuner.state_dict(),
+            "buffer": None if self.buffer is None else self.buffer.state_dict(),
+            "drafter_optimizer": None if self.stepper is None else self.stepper.optimizer.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()` into a trainer built from the same config with the saved policy and drafter,
+        then push them to the engine as the saved version."""
+        parts = {
+            "reference": self.module.reference,
+            "tuner": self.engine.tuner,
+            "buffer": self.buffer,
+            "drafter_optimizer": self.stepper,
+        }
+        for key, owner in parts.items():
+            if (state[key] is None) != (owner is None):
+                raise ValueError(
+                    f"trainer state has {'no ' if state[key] is None else ''}{key!r} but this trainer "
+                    f"{'needs' if owner is not None else 'has none'}: it was saved under another config"
+                )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        self.sampler.load_state_dict(state["sampler"])
+        if self.module.reference is not None:
+            self.module.reference.load_state_dict(state["reference"])
+        if self.engine.tuner is not None:
+            self.engine.tuner.load_state_dict(state["tuner"])
+        if self.buffer is not None:
+            self.buffer.load_state_dict(state["buffer"])
+            self.stepper.optimizer.load_state_dict(state["drafter_optimizer"])
+        self.step_index, self.version = state["step"], state["version"]
+        self._push()
 
     def _rollout(self, problems: list[MathProblem]) -> list[Rollout]:
         r = self.cfg.rollout

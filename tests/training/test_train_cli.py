@@ -1,0 +1,199 @@
+"""`tlt train` end to end on a random test-preset policy: progress, metrics.csv, summary plot and JSON,
+checkpoint contents; a resumed run equals an uninterrupted one bit for bit; checkpoints are all or nothing;
+clear errors."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tlt.cli import main, parse_args
+from tlt.config import load_config
+from tlt.data.prompts import format_prompt
+from tlt.data.splits import task_mix, training_problems
+from tlt.models.io import save_hf_folder
+from tlt.models.presets import build_model
+from tlt.models.tokenizer import train_tokenizer
+from tlt.training import checkpoint
+from tlt.training.checkpoint import find_checkpoint, save_checkpoint
+from tlt.training.rl_loop import RLTrainer
+from tlt.training.run_log import COLUMNS, MetricsLog
+
+# TLT on with a timing-independent tuner (SD on every decode step), so runs are reproducible; entropy and KL
+# terms move the policy although math rewards of a random policy are all 0 (and exercise the KL reference).
+CONFIG = """\
+seed: 0
+model: {{preset: test, path: {model}}}
+data: {{max_difficulty: 3, train_size: 16}}
+rollout: {{samples_per_prompt: 4, prompts_per_step: 2, max_new_tokens: 8, max_seq_len: 128}}
+speculative: {{tuner: fixed, strategies: ["3_1_4"], threshold: 64}}
+drafter: {{batch_tokens: 128}}
+scheduler: {{between_steps_budget: 2}}
+grpo: {{minibatch_size: 4, lr: 0.001, entropy_coef: 0.01, kl_coef: 0.01}}
+train: {{checkpoint_every: 2, tensorboard: false, device: cpu}}
+"""
+TIMINGS = {c for c in COLUMNS if c.endswith("_seconds")}
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    """A YAML config whose model.path is a random test-preset policy saved with its tokenizer."""
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("train")
+    data = load_config(None, ["data.max_difficulty=3"]).data
+    texts = [format_prompt(p.question) + p.solution for p in training_problems(task_mix(data), 32, seed=0)]
+    tokenizer = train_tokenizer(texts, vocab_size=300)
+    model = build_model(
+        "test", len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0
+    )
+    save_hf_folder(model, tokenizer, root / "model")
+    path = root / "tlt.yaml"
+    path.write_text(CONFIG.format(model=root / "model"))
+    return path
+
+
+def _train(config, out, *overrides) -> int:
+    return main(["train", str(config), *overrides, "--output-dir", str(out)])
+
+
+def _csv_rows(out) -> list[list[str]]:
+    return [line.split(",") for line in (out / "metrics.csv").read_text().splitlines()]
+
+
+def test_two_steps_write_metrics_plot_summary_and_checkpoint(config, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(config, out, "grpo.steps=2", "speculative.tuner=cost", "train.tensorboard=true") == 0
+
+    stdout = capsys.readouterr().out
+    assert "[tlt] step 1/2  reward" in stdout and "[tlt] step 2/2" in stdout and "accept" in stdout
+    rows = _csv_rows(out)
+    assert rows[0] == COLUMNS and [r[0] for r in rows[1:]] == ["0", "1"]
+    assert (out / "summary.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert list((out / "tensorboard").glob("events.out.tfevents.*"))
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["tuner"] == "cost" and summary["seconds"]["total"] > 0
+    assert json.loads(stdout[stdout.index("{") :]) == summary
+
+    ckpt = out / "checkpoint"
+    assert find_checkpoint(out) == ckpt
+    assert {p.name for p in ckpt.iterdir()} == {
+        "policy",
+        "drafter",
+        "trainer.pt",
+        "metrics.json",
+        "config.yaml",
+        "meta.json",
+    }
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in (ckpt / "policy").iterdir()
+    }
+    assert (ckpt / "drafter" / "tlt_drafter.json").is_file()
+    assert json.loads((ckpt / "meta.json").read_text()) == {"step": 2, "version": 2}
+    state = torch.load(ckpt / "trainer.pt", weights_only=True)
+    assert set(state["rng"]) == {"python", "torch", "cuda"} and state["trainer"]["step"] == 2
+    assert all(state["trainer"][k] is not None for k in ("reference", "tuner", "buffer", "drafter_optimizer"))
+    assert [m["step"] for m in json.loads((ckpt / "metrics.json").read_text())] == [0, 1]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".")) == []  # no temp folders left
+
+
+def test_resume_equals_an_uninterrupted_run(config, tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert _train(config, straight, "grpo.steps=3") == 0
+    assert _train(config, resumed, "grpo.steps=2") == 0
+    with (resumed / "metrics.csv").open("a") as f:  # a step logged after the checkpoint, then a crash
+        f.write("2,garbage\n")
+    assert _train(config, resumed, "grpo.steps=3") == 0
+
+    a, b = straight / "checkpoint", resumed / "checkpoint"
+    for weights in ("policy/model.safetensors", "drafter/model.safetensors"):
+        wa, wb = load_file(a / weights), load_file(b / weights)
+        assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa), weights
+    sa, sb = (torch.load(p / "trainer.pt", weights_only=True)["trainer"] for p in (a, b))
+    for key in ("optimizer", "drafter_optimizer"):
+        for (pa, ta), (pb, tb) in zip(sa[key]["state"].items(), sb[key]["state"].items(), strict=True):
+            assert pa == pb and all(torch.equal(ta[k], tb[k]) for k in ta), key
+    assert sa["tuner"] == sb["tuner"] and sa["sampler"] == sb["sampler"]
+    assert torch.equal(sa["generator"], sb["generator"])
+    assert torch.equal(sa["buffer"]["generator"], sb["buffer"]["generator"])
+    assert len(sa["buffer"]["samples"]) == len(sb["buffer"]["samples"]) == 24
+
+    ma, mb = (json.loads((p / "metrics.json").read_text()) for p in (a, b))
+    assert len(ma) == len(mb) == 3
+    for x, y in zip(ma, mb, strict=True):
+        assert {k: v for k, v in x.items() if k not in TIMINGS} == {
+            k: v for k, v in y.items() if k not in TIMINGS
+        }
+    assert mb[2]["kl"] > 0 and mb[2]["drafter_steps"] == 2 and mb[2]["sd_token_share"] > 0
+    rows = _csv_rows(resumed)
+    assert [r[0] for r in rows[1:]] == ["0", "1", "2"] and len({len(r) for r in rows}) == 1
+
+
+def test_checkpoint_is_all_or_nothing(config, tmp_path, monkeypatch):
+    cfg = load_config(config, ["grpo.steps=1"])
+    problems = training_problems(task_mix(cfg.data), 4, seed=0)
+    from tlt.models.io import load_hf_folder
+
+    policy, tokenizer = load_hf_folder(cfg.model.path)
+    trainer = RLTrainer(cfg, policy, tokenizer, problems)
+    save_checkpoint(tmp_path, trainer, [])
+    trainer.step()
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(
+        checkpoint, "to_yaml", crash
+    )  # fails after policy, drafter and trainer.pt are written
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, trainer, [{"step": 0}])
+    assert json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["step"] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint"]
+
+    # a crash between the two renames of the swap leaves only the previous checkpoint, under .old
+    (tmp_path / "checkpoint").rename(tmp_path / "checkpoint.old")
+    assert find_checkpoint(tmp_path) == tmp_path / "checkpoint.old"
+    shutil.rmtree(tmp_path / "checkpoint.old")
+    assert find_checkpoint(tmp_path) is None
+
+
+def test_missing_tensorboard_is_reported_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(__import__("sys").modules, "torch.utils.tensorboard", None)
+    log = MetricsLog(tmp_path, [], tensorboard=True)
+    assert log.writer is None and "tensorboard is not installed" in capsys.readouterr().out
+    assert _csv_rows(tmp_path) == [COLUMNS]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragments"),
+    [
+        (["grpo.nope=1"], ["unknown config key 'grpo.nope'"]),
+        (["train.checkpoint_every=0"], ["train.checkpoint_every: got 0"]),
+        (["model.path=/nonexistent/model"], ["model.path: /nonexistent/model not found", "tlt bootstrap"]),
+        (["model.path=null"], ["model.path: not set", "tlt bootstrap"]),
+    ],
+)
+def test_clear_errors(config, tmp_path, capsys, overrides, fragments):
+    assert _train(config, tmp_path / "run", *overrides) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tlt train: error:") and all(f in err for f in fragments), err
+
+
+def test_resume_under_a_changed_config_names_the_keys(config, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _train(config, out, "grpo.steps=1") == 0
+    assert _train(config, out, "grpo.steps=2", "grpo.lr=0.01") == 2
+    assert "grpo.lr changed" in capsys.readouterr().err
+
+
+def test_overrides_may_come_before_or_after_options():
+    for argv in (
+        ["train", "c.yaml", "grpo.steps=3", "--output-dir", "x", "seed=1"],
+        ["train", "--output-dir", "x", "c.yaml", "grpo.steps=3", "seed=1"],
+    ):
+        args = parse_args(argv)
+        assert (args.command, args.config, args.output_dir) == ("train", "c.yaml", "x")
+        assert args.overrides == ["grpo.steps=3", "seed=1"] and args.func.__name__ == "cmd_train"
+    args = parse_args(["evaluate", "m", "eval.batch_size=4", "--n", "8", "data.seed=2"])
+    assert args.overrides == ["eval.batch_size=4", "data.seed=2"] and args.n == 8

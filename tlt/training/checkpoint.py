@@ -1,0 +1,131 @@
+"""Checkpoints of a `tlt train` run: everything the next RL step depends on, written all or nothing.
+
+    <output_dir>/checkpoint/
+        policy/        HF folder, model + tokenizer (`tlt evaluate` reads it as is)
+        drafter/       `drafter.save` (absent with speculative.enabled=false)
+        trainer.pt     `RLTrainer.state_dict()` (optimizers, minibatch generator, problem sampler, tuner,
+                       drafter buffer, KL reference) and the global RNG states (python, torch, CUDA)
+        metrics.json   the `StepMetrics` of every step so far
+        config.yaml    the run config it was written under
+        meta.json      step and version; written last, so a folder without it is not a checkpoint
+
+A checkpoint is built in a temporary sibling folder; then the previous one is renamed to `checkpoint.old`,
+the new one to `checkpoint`, and only then is the old one deleted. A crash at any point leaves a complete
+checkpoint: `checkpoint`, or `checkpoint.old` if the crash fell between the two renames (`find_checkpoint`
+falls back to it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from tlt.config import RunConfig, load_config, to_yaml
+from tlt.models.io import load_hf_folder, save_hf_folder
+from tlt.training.rl_loop import RewardFn, RLTrainer
+
+CHECKPOINT = "checkpoint"
+META = "meta.json"
+# Keys a resumed run may change: how long it runs and its bookkeeping, nothing the RL step reads.
+RESUMABLE_CHANGES = ("output_dir", "grpo.steps", "train.")
+
+
+def find_checkpoint(output_dir: str | Path) -> Path | None:
+    """The run's complete checkpoint folder, or None."""
+    for name in (CHECKPOINT, f"{CHECKPOINT}.old"):
+        folder = Path(output_dir) / name
+        if (folder / META).is_file():
+            return folder
+    return None
+
+
+def rng_state() -> dict:
+    cuda = (
+        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    )
+    return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(output_dir: str | Path, trainer: RLTrainer, metrics: list[dict]) -> Path:
+    """Write the trainer's whole state after its last step into `<output_dir>/checkpoint` (see module doc)."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(f".{CHECKPOINT}.tmp.*"):  # left by a crash during an earlier save
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{CHECKPOINT}.tmp."))
+    try:
+        save_hf_folder(trainer.policy, trainer.tokenizer, tmp / "policy")
+        if trainer.drafter is not None:
+            trainer.drafter.save(tmp / "drafter")
+        torch.save({"trainer": trainer.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
+        (tmp / "config.yaml").write_text(to_yaml(trainer.cfg))
+        meta = {"step": trainer.step_index, "version": trainer.version}
+        (tmp / META).write_text(json.dumps(meta) + "\n")
+        _swap_in(tmp, out / CHECKPOINT)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out / CHECKPOINT
+
+
+def _swap_in(new: Path, path: Path) -> None:
+    old = path.with_name(f"{path.name}.old")
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(new, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def config_changes(saved: RunConfig, cfg: RunConfig) -> list[str]:
+    """Dotted keys whose values differ between the checkpoint's config and `cfg`, except RESUMABLE_CHANGES."""
+    a, b = _flat(dataclasses.asdict(saved)), _flat(dataclasses.asdict(cfg))
+    return [
+        k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES)
+    ]
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def load_checkpoint(
+    folder: Path, cfg: RunConfig, problems, reward_fn: RewardFn, device: torch.device
+) -> tuple[RLTrainer, list[dict]]:
+    """(the trainer exactly as it was after the checkpoint's last step, the metrics of its steps so far).
+
+    Global RNG states are restored last, after building the trainer (building moves torch's RNG).
+    """
+    from tlt.drafters import load_drafter
+
+    policy, tokenizer = load_hf_folder(folder / "policy")
+    drafter = load_drafter(folder / "drafter") if cfg.speculative.enabled else None
+    trainer = RLTrainer(cfg, policy, tokenizer, problems, drafter, reward_fn, device)
+    state = torch.load(folder / "trainer.pt", map_location="cpu", weights_only=True)
+    trainer.load_state_dict(state["trainer"])
+    set_rng_state(state["rng"])
+    return trainer, json.loads((folder / "metrics.json").read_text())
+
+
+def saved_config(folder: Path) -> RunConfig:
+    return load_config(folder / "config.yaml")
