@@ -10,7 +10,7 @@ export TOKENIZERS_PARALLELISM = false
 # torch first and pinned: an unpinned torch pulled in by another package would download a multi-GB CUDA build.
 install:
 	$(PYTHON) -m pip install --quiet torch==2.13.0
-	$(PYTHON) -m pip install --quiet -e ".[dev]"
+	$(PYTHON) -m pip install --quiet -e ".[dev,eval]"
 
 quickstart: install
 	tlt bootstrap --config configs/quickstart.yaml
