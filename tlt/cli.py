@@ -1,4 +1,4 @@
-"""The `tlt` command: `tlt bootstrap`, `tlt evaluate`, `tlt train-drafter`, `tlt train`."""
+"""The `tlt` command: `tlt bootstrap`, `tlt evaluate`, `tlt train-drafter`, `tlt train`, `tlt parity`."""
 
 from __future__ import annotations
 
@@ -77,7 +77,49 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     chosen = [f"output_dir={args.output_dir}"] if args.output_dir else []
     summary = run_train(_config(args, args.overrides + chosen))
-    print(json.dumps(summary, indent=2))
+    if summary is not None:  # None: a rank other than 0 of a torchrun job
+        print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_parity(args: argparse.Namespace) -> int:
+    from tlt.parity import ParitySettings, run_parity
+    from tlt.parity_report import write_report
+
+    model_b, overrides = args.model_b, args.overrides
+    if model_b is not None and "=" in model_b and not Path(model_b).exists():  # argparse's pick for `A k=v`
+        model_b, overrides = None, [model_b, *overrides]
+    cfg = _config(args, overrides)
+    try:
+        settings = ParitySettings(
+            model_a=args.model_a,
+            model_b=model_b,
+            sd_only=args.sd_only,
+            tasks=tuple(t for t in (args.tasks or "").split(",") if t),
+            data=args.data,
+            n=args.n,
+            sd=args.sd,
+            drafter=args.drafter,
+            strategy=args.strategy,
+            alpha=args.alpha,
+            out=args.out,
+            max_new_tokens=args.max_new_tokens or cfg.eval.max_new_tokens,
+            batch_size=args.batch_size or cfg.eval.batch_size,
+        )
+        report = run_parity(settings, cfg.data)
+    except (ValueError, ImportError) as err:
+        print(f"tlt parity: error: {err}", file=sys.stderr)
+        return 2
+    json_path, md_path = write_report(report, args.out)
+    identical = report.compared_outputs - len(report.mismatches)
+    print(f"[tlt] parity report: {md_path} and {json_path}")
+    print(
+        f"[tlt] {'differs' if report.differs else 'no significant difference'} at alpha={settings.alpha:g}; "
+        f"identical outputs {identical}/{report.compared_outputs}"
+    )
+    if report.failed:
+        print(f"tlt parity: error: SD on changed {len(report.mismatches)} greedy outputs", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -128,6 +170,30 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     )
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. grpo.steps=50")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "parity", help="two models, or SD off vs on, on the same lm-eval tasks (needs tlt[eval])"
+    )
+    p.add_argument("model_a", help="HF model folder (side A)")
+    p.add_argument("model_b", nargs="?", help="HF model folder (side B); omit with --sd-only")
+    p.add_argument("--sd-only", action="store_true", help="compare model_a with SD off (A) and on (B)")
+    p.add_argument(
+        "--tasks", help="comma-separated: tlt_gsm8k_local, tlt_math_local (default: the data's format)"
+    )
+    p.add_argument("--data", help="GSM8K- or MATH-format JSONL (default: the config's held-out set)")
+    p.add_argument("--n", type=int, help="problems per task (default: all of --data, or data.heldout_size)")
+    p.add_argument("--sd", choices=("on", "off"), default="off", help="SD for both models (two-model runs)")
+    p.add_argument("--drafter", default="ngram", help="drafter folder or 'ngram', where SD is on")
+    p.add_argument("--strategy", default="4_1_5", help="SD strategy steps_topk_verifytokens")
+    p.add_argument("--max-new-tokens", type=int, help="default eval.max_new_tokens")
+    p.add_argument("--batch-size", type=int, help="default eval.batch_size")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the McNemar tests")
+    p.add_argument(
+        "--out", default="runs/parity", help="folder for parity.md, parity.json, data and task files"
+    )
+    p.add_argument("--config", help="YAML config file; its data and eval sections give the defaults")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides")
+    p.set_defaults(func=cmd_parity)
     return parser, sub.choices
 
 

@@ -262,9 +262,11 @@ class TrainConfig:
     checkpoint_every: int = 10  # RL steps between checkpoints (one is also written after the last step)
     tensorboard: bool = True  # also log per-step metrics to <output_dir>/tensorboard (CSV is always written)
     device: str = "auto"  # auto (cuda when available, else cpu), cpu, cuda
+    devices: int = 1  # processes (ranks), one rollout engine each; CPU: spawned by `tlt train`; else torchrun
 
     def __post_init__(self) -> None:
         _check_choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        _check(self.devices >= 1, "train.devices", "an integer >= 1", self.devices)
         _check(self.checkpoint_every >= 1, "train.checkpoint_every", "an integer >= 1", self.checkpoint_every)
 
 

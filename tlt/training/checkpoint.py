@@ -7,7 +7,14 @@
                        drafter buffer, KL reference) and the global RNG states (python, torch, CUDA)
         metrics.json   the `StepMetrics` of every step so far
         config.yaml    the run config it was written under
-        meta.json      step and version; written last, so a folder without it is not a checkpoint
+        meta.json      step and version (and world_size, from a multi-process run); written last, so a folder
+                       without it is not a checkpoint
+
+A multi-process run (`tlt.training.data_parallel`) writes the same folder from rank 0. What every rank holds
+alike (policy, its optimizer, minibatch generator, problem sampler, KL reference, drafter) is saved once;
+trainer.pt then holds, under "ranks", each rank's own parts (tuner, drafter buffer, drafter optimizer) and
+RNG states, and every rank resumes from its entry. Such a checkpoint resumes only with the same number of
+processes.
 
 A checkpoint is built in a temporary sibling folder; then the previous one is renamed to `checkpoint.old`,
 the new one to `checkpoint`, and only then is the old one deleted. A crash at any point leaves a complete
@@ -27,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from tlt.config import RunConfig, load_config, to_yaml
+from tlt.config import ConfigError, RunConfig, load_config, to_yaml
 from tlt.models.io import load_hf_folder, save_hf_folder
 from tlt.training.rl_loop import RewardFn, RLTrainer
 
@@ -60,8 +67,16 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(output_dir: str | Path, trainer: RLTrainer, metrics: list[dict]) -> Path:
-    """Write the trainer's whole state after its last step into `<output_dir>/checkpoint` (see module doc)."""
+RANK_LOCAL = ("tuner", "buffer", "drafter_optimizer")  # trainer-state keys each rank of a run has its own of
+
+
+def save_checkpoint(
+    output_dir: str | Path, trainer: RLTrainer, metrics: list[dict], ranks: list[dict] | None = None
+) -> Path:
+    """Write the trainer's whole state after its last step into `<output_dir>/checkpoint` (see module doc).
+
+    ranks: from a multi-process run, per rank {"trainer": its RANK_LOCAL state, "rng": its `rng_state()`}.
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(f".{CHECKPOINT}.tmp.*"):  # left by a crash during an earlier save
@@ -71,10 +86,16 @@ def save_checkpoint(output_dir: str | Path, trainer: RLTrainer, metrics: list[di
         save_hf_folder(trainer.policy, trainer.tokenizer, tmp / "policy")
         if trainer.drafter is not None:
             trainer.drafter.save(tmp / "drafter")
-        torch.save({"trainer": trainer.state_dict(), "rng": rng_state()}, tmp / "trainer.pt")
+        payload = {"trainer": trainer.state_dict(), "rng": rng_state()}
+        if ranks is not None:
+            payload["trainer"] = {k: v for k, v in payload["trainer"].items() if k not in RANK_LOCAL}
+            payload["ranks"] = ranks
+        torch.save(payload, tmp / "trainer.pt")
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
         (tmp / "config.yaml").write_text(to_yaml(trainer.cfg))
         meta = {"step": trainer.step_index, "version": trainer.version}
+        if ranks is not None:
+            meta["world_size"] = len(ranks)
         (tmp / META).write_text(json.dumps(meta) + "\n")
         _swap_in(tmp, out / CHECKPOINT)
     finally:
@@ -109,21 +130,51 @@ def _flat(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def checkpoint_world_size(folder: Path) -> int:
+    """How many processes wrote the checkpoint in `folder` (1 for a single-process run)."""
+    return json.loads((folder / META).read_text()).get("world_size", 1)
+
+
+def check_world_size(folder: Path, world_size: int) -> None:
+    """Raise ConfigError unless the checkpoint in `folder` was written by `world_size` processes."""
+    saved = checkpoint_world_size(folder)
+    if saved != world_size:
+        raise ConfigError(
+            f"train.devices: {folder} was written by a run of {saved} process(es), this run has "
+            f"{world_size}; resume it with train.devices={saved} (or under torchrun with {saved} processes), "
+            "or pick a new output_dir"
+        )
+
+
 def load_checkpoint(
-    folder: Path, cfg: RunConfig, problems, reward_fn: RewardFn, device: torch.device
+    folder: Path,
+    cfg: RunConfig,
+    problems,
+    reward_fn: RewardFn,
+    device: torch.device,
+    make_trainer=RLTrainer,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> tuple[RLTrainer, list[dict]]:
     """(the trainer exactly as it was after the checkpoint's last step, the metrics of its steps so far).
 
+    make_trainer: `RLTrainer` or a callable with its signature (a multi-process trainer); rank and
+    world_size: this process in a multi-process run, which restores its own entry of "ranks".
     Global RNG states are restored last, after building the trainer (building moves torch's RNG).
     """
     from tlt.drafters import load_drafter
 
+    check_world_size(folder, world_size)
     policy, tokenizer = load_hf_folder(folder / "policy")
     drafter = load_drafter(folder / "drafter") if cfg.speculative.enabled else None
-    trainer = RLTrainer(cfg, policy, tokenizer, problems, drafter, reward_fn, device)
+    trainer = make_trainer(cfg, policy, tokenizer, problems, drafter, reward_fn, device)
     state = torch.load(folder / "trainer.pt", map_location="cpu", weights_only=True)
-    trainer.load_state_dict(state["trainer"])
-    set_rng_state(state["rng"])
+    trainer_state, rng = state["trainer"], state["rng"]
+    if "ranks" in state:
+        own = state["ranks"][rank]
+        trainer_state, rng = trainer_state | own["trainer"], own["rng"]
+    trainer.load_state_dict(trainer_state)
+    set_rng_state(rng)
     return trainer, json.loads((folder / "metrics.json").read_text())
 
 

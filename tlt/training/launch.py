@@ -1,8 +1,10 @@
-"""Launching N worker processes on CPU (gloo), one torch thread each: for tests and benchmarks.
+"""Launching N worker processes on CPU (gloo), one torch thread each: `tlt train train.devices=N`, tests and
+benchmarks.
 
 Each process joins a gloo process group through a TCPStore hosted by rank 0 and gets a `WorkerContext`
 with the same store under its own prefix (for flags such as "all ranks finished their rollout"). Under
-torchrun or a Lightning launcher, build the `WorkerContext` from that job's own store instead.
+torchrun (or a Lightning launcher), `context_from_process_group` builds the `WorkerContext` from that job's
+own process group and store instead.
 """
 
 from __future__ import annotations
@@ -30,25 +32,33 @@ class WorkerContext:
     device: torch.device
 
 
-def launch_cpu(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float = 120.0) -> list[Any]:
+# Without a deadline (long training runs): how long a collective or a blocking store read may wait.
+NO_DEADLINE_COLLECTIVE_TIMEOUT_S = 3600.0
+
+
+def launch_cpu(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float | None = 120.0
+) -> list[Any]:
     """Run `fn(ctx, *args)` in `world_size` spawned processes; return each rank's result, by rank.
 
     `fn` must be importable by the children (a module-level function). A child's exception is raised here
-    (torch.multiprocessing.ProcessRaisedException, with its traceback); after `timeout_s` all children are
-    killed and TimeoutError is raised. Results travel through temporary files (torch.save).
+    (torch.multiprocessing.ProcessRaisedException, with its traceback) and the other children are ended;
+    after `timeout_s` all children are killed and TimeoutError is raised (None: no deadline; a collective
+    then waits up to NO_DEADLINE_COLLECTIVE_TIMEOUT_S). Results travel through temporary files (torch.save).
     """
     port = _free_port()
+    pg_timeout = NO_DEADLINE_COLLECTIVE_TIMEOUT_S if timeout_s is None else timeout_s
     with tempfile.TemporaryDirectory(prefix="tlt-launch-") as tmp:
         procs = mp.start_processes(
             _entry,
-            args=(fn, world_size, port, tmp, timeout_s, args),
+            args=(fn, world_size, port, tmp, pg_timeout, args),
             nprocs=world_size,
             join=False,
             start_method="spawn",
         )
-        deadline = time.monotonic() + timeout_s
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not procs.join(timeout=0.2):
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 for p in procs.processes:
                     p.kill()
                 raise TimeoutError(f"launch_cpu: {world_size} workers did not finish within {timeout_s} s")
@@ -69,6 +79,15 @@ def _entry(rank: int, fn, world_size: int, port: int, tmp: str, timeout_s: float
         dist.barrier()  # rank 0 hosts the store: nobody leaves while another still uses it
     finally:
         dist.destroy_process_group()
+
+
+def context_from_process_group(device: torch.device) -> WorkerContext:
+    """The `WorkerContext` of a process in an initialised default process group (torchrun, SLURM + torchrun):
+    its rank and size, and the group's own store under the "tlt" prefix."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = dist.PrefixStore("tlt", _get_default_store())
+    return WorkerContext(dist.get_rank(), dist.get_world_size(), store, device)
 
 
 def _free_port() -> int:

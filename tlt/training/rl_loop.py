@@ -46,7 +46,7 @@ RewardFn = Callable[[list[str], list[str]], list[float]]  # (responses, gold ans
 
 @dataclass
 class StepMetrics:
-    """What one RL step did; seconds are wall-clock on this process."""
+    """What one RL step did; seconds are wall-clock on this process (over ranks: `data_parallel.combine`)."""
 
     step: int  # 0-based RL step
     version: int  # policy version the engine runs after the step (its rollouts used version - 1)
@@ -74,7 +74,11 @@ class StepMetrics:
     logprob_gap: float  # mean |engine - trainer| log-prob over response tokens (~1e-6 in float32)
     drafter_steps: int
     drafter_loss: float | None  # mean micro-step loss; None when the drafter did not train
-    buffer_samples: int  # samples in the drafter buffer after the step (0 without one)
+    buffer_samples: int  # samples in the drafter buffer after the step (0 without one; summed over ranks)
+    # Multi-process runs (tlt.training.data_parallel), summed over ranks; 0 in one process:
+    spot_steps: int = 0  # drafter micro-steps run in idle time, while another rank still rolled out (`spot`)
+    idle_seconds: float = 0.0  # time ranks waited between their own share's end and the last rank's
+    idle_train_seconds: float = 0.0  # of that idle time, seconds spent in drafter micro-steps
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -298,9 +302,13 @@ class RLTrainer:
         self.step_index, self.version = state["step"], state["version"]
         self._push()
 
+    def _rollout_seed(self) -> int:
+        """The engine's sampling seed for this step's rollout."""
+        return self.cfg.seed * 1_000_003 + self.step_index
+
     def _rollout(self, problems: list[MathProblem]) -> list[Rollout]:
         r = self.cfg.rollout
-        seed = self.cfg.seed * 1_000_003 + self.step_index
+        seed = self._rollout_seed()
         sampling = SamplingParams(r.temperature, r.top_p, r.top_k, r.max_new_tokens, seed=seed)
         prompts = [self.tokenizer.encode(format_prompt(p.question)) for p in problems]
         return self.engine.generate(prompts, sampling, n=r.samples_per_prompt)

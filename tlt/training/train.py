@@ -1,4 +1,5 @@
-"""`tlt train`: GRPO from a bootstrapped policy with TLT's adaptive speculative rollouts, in one process.
+"""`tlt train`: GRPO from a bootstrapped policy with TLT's adaptive speculative rollouts, in one process or
+in `train.devices` processes (below).
 
 Runs `grpo.steps` `RLTrainer` steps on training problems of the data mix, printing a progress line per step
 and logging metrics to `<output_dir>/metrics.csv` (and TensorBoard); every `train.checkpoint_every` steps
@@ -15,11 +16,26 @@ times, and plain and SD steps draw from the engine's sampling generator differen
 close, timing noise can flip a decision and change every later token, so even two uninterrupted runs are
 not guaranteed to match. A resume restores those tuners' learned state and RNG exactly; only the clock is
 new. On CUDA, kernels with nondeterministic reductions can also break bitwise identity (not checked).
+
+Several processes (`tlt.training.data_parallel`): with `train.devices=N > 1` on CPU, `tlt train` spawns N
+gloo ranks itself (`tlt.training.launch`); under torchrun (RANK and WORLD_SIZE set, e.g. `torchrun
+--nproc-per-node 8 -m tlt.cli train ...`, also across nodes and under SLURM) it runs as one rank of that
+job, with nccl on CUDA (one GPU per rank, cuda:LOCAL_RANK) and gloo on CPU, and `train.devices` must be 1
+or WORLD_SIZE. Each rank rolls out its share of every step's prompts with its own engine and trains its
+drafter replica while others still roll out; the policy update is data-parallel and equal to one process's
+over the same rollouts. Rank 0 alone prints, logs metrics and writes checkpoints and the summary; every
+rank reads model.path and resumes from the checkpoint, so across nodes output_dir and model.path must be
+on a shared filesystem. A multi-process run is not bitwise reproducible under `spot` (how many micro-steps
+fit in the idle time depends on timing) and resumes only with the same number of processes. The summary
+adds `devices` and `replicas_identical` (every rank ended with bit-identical policy and drafter weights).
 """
 
 from __future__ import annotations
 
+import os
 import random
+import sys
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -29,6 +45,7 @@ from tlt.data.rewards import math_rewards
 from tlt.data.splits import task_mix, training_problems
 from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
 from tlt.training.checkpoint import (
+    check_world_size,
     config_changes,
     find_checkpoint,
     load_checkpoint,
@@ -39,8 +56,12 @@ from tlt.training.rl_loop import RewardFn, RLTrainer
 from tlt.training.run_log import MetricsLog, plot_summary, progress_line
 
 
-def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict:
-    """Train (or resume) per `cfg`; returns the summary (also written to `<output_dir>/summary.json`)."""
+def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict | None:
+    """Train (or resume) per `cfg`; returns the summary (also written to `<output_dir>/summary.json`), or
+    None on a rank other than 0 under torchrun. `reward_fn` must be picklable when ranks are spawned."""
+    world = world_size(cfg)
+    if world > 1:
+        return _run_ranks(cfg, reward_fn, world)
     out = Path(cfg.output_dir)
     device = _device(cfg.train.device)
     problems = training_problems(task_mix(cfg.data), cfg.data.train_size, cfg.data.seed)
@@ -61,6 +82,121 @@ def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict:
     return _finish(cfg, out, history)
 
 
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def world_size(cfg: RunConfig) -> int:
+    """Processes of the run: torchrun's WORLD_SIZE under torchrun, else `train.devices`."""
+    if not under_torchrun():
+        return cfg.train.devices
+    world = int(os.environ["WORLD_SIZE"])
+    if cfg.train.devices not in (1, world):
+        raise ConfigError(
+            f"train.devices: got {cfg.train.devices} but this process runs under torchrun with "
+            f"WORLD_SIZE={world}; the launcher decides: leave train.devices at 1 or set it to {world}"
+        )
+    return world
+
+
+def _run_ranks(cfg: RunConfig, reward_fn: RewardFn, world: int) -> dict | None:
+    """This process as one rank of torchrun's job, or N spawned CPU ranks."""
+    import torch.distributed as dist
+
+    from tlt.training.launch import context_from_process_group, launch_cpu
+
+    if under_torchrun():
+        _preflight(cfg, world)  # every rank: all of them stop on a config error, none waits for another
+        device = _device(cfg.train.device)
+        if device.type == "cuda":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        created = not dist.is_initialized()
+        if created:
+            dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        try:
+            return _rank_main(context_from_process_group(device), cfg, reward_fn)
+        finally:
+            if created:
+                dist.destroy_process_group()
+    if _device(cfg.train.device).type == "cuda":
+        raise ConfigError(
+            f"train.devices={world} on CUDA: start one process per GPU with torchrun, e.g. `torchrun "
+            f"--nproc-per-node {world} -m tlt.cli train CONFIG` (or set train.device=cpu to spawn CPU ranks)"
+        )
+    _preflight(cfg, world)
+    return launch_cpu(_spawned_rank, world, cfg, reward_fn, timeout_s=None)[0]
+
+
+def _preflight(cfg: RunConfig, world: int) -> None:
+    """The config errors a rank would hit, raised before any process starts."""
+    from tlt.training.data_parallel import check_world
+    from tlt.training.rl_loop import check_rl_config
+
+    check_rl_config(cfg)
+    check_world(cfg, world)
+    folder = _resumable(cfg, Path(cfg.output_dir))
+    if folder is None:
+        _check_model_path(cfg)
+    else:
+        check_world_size(folder, world)
+
+
+def _spawned_rank(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
+    return _rank_main(ctx, cfg, reward_fn)
+
+
+def _rank_main(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
+    """One rank's run (collective with the others); the summary on rank 0, None elsewhere."""
+    import torch.distributed as dist
+
+    from tlt.training.data_parallel import DistributedRLTrainer, save_distributed_checkpoint, weights_digest
+
+    rank, world, lead = ctx.rank, ctx.world_size, ctx.rank == 0
+    out = Path(cfg.output_dir)
+    problems = training_problems(task_mix(cfg.data), cfg.data.train_size, cfg.data.seed)
+    found = [_resumable(cfg, out) if lead else None]
+    dist.broadcast_object_list(found, src=0)  # every rank resumes from the checkpoint rank 0 found
+    make = partial(DistributedRLTrainer, store=ctx.store)
+    if found[0] is None:
+        policy, tokenizer = _base_policy(cfg)
+        trainer = make(cfg, policy, tokenizer, problems, reward_fn=reward_fn, device=ctx.device)
+        random.seed(cfg.seed + rank)
+        torch.manual_seed(cfg.seed + rank)
+        history: list[dict] = []
+    else:
+        trainer, history = load_checkpoint(found[0], cfg, problems, reward_fn, ctx.device, make, rank, world)
+        if lead:
+            print(f"[tlt] resuming {out} after step {trainer.step_index} (policy version {trainer.version})")
+    log = None
+    if lead:
+        atomic_write_text(out / "config.yaml", to_yaml(cfg))
+        log = MetricsLog(out, history, cfg.train.tensorboard)
+    try:
+        while trainer.step_index < cfg.grpo.steps:
+            metrics = trainer.step()
+            history.append(metrics.to_dict())
+            if lead:
+                log.append(metrics)
+                print(progress_line(metrics, cfg.grpo.steps), flush=True)
+            step = trainer.step_index
+            if step % cfg.train.checkpoint_every == 0 or step == cfg.grpo.steps:
+                save_distributed_checkpoint(out, trainer, history)
+    finally:
+        if log is not None:
+            log.close()
+    digests = [None] * world
+    dist.all_gather_object(digests, weights_digest(trainer))
+    summary = None
+    if lead:
+        identical = len(set(digests)) == 1
+        if not identical:
+            print(f"[tlt] WARNING: the ranks' policy / drafter replicas differ: {digests}", file=sys.stderr)
+        summary = _finish(cfg, out, history, {"devices": world, "replicas_identical": identical})
+    dist.barrier()  # rank 0 may host the store: the others leave after it is done
+    return summary
+
+
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -73,19 +209,13 @@ def _start(
     cfg: RunConfig, out: Path, problems, reward_fn: RewardFn, device: torch.device
 ) -> tuple[RLTrainer, list[dict]]:
     """A fresh trainer on model.path, or the output_dir checkpoint's trainer; with the steps done so far."""
-    folder = find_checkpoint(out)
+    folder = _resumable(cfg, out)
     if folder is None:
         policy, tokenizer = _base_policy(cfg)
         trainer = RLTrainer(cfg, policy, tokenizer, problems, reward_fn=reward_fn, device=device)
         random.seed(cfg.seed)  # global RNGs: seeded once everything is built, restored from a checkpoint
         torch.manual_seed(cfg.seed)
         return trainer, []
-    changed = config_changes(saved_config(folder), cfg)
-    if changed:
-        raise ConfigError(
-            f"{out} holds a checkpoint written under another config ({', '.join(changed)} changed); only "
-            "grpo.steps and train.* may change on resume: restore those keys or pick a new output_dir"
-        )
     trainer, history = load_checkpoint(folder, cfg, problems, reward_fn, device)
     print(f"[tlt] resuming {out} after step {trainer.step_index} (policy version {trainer.version})")
     if trainer.step_index >= cfg.grpo.steps:
@@ -93,7 +223,26 @@ def _start(
     return trainer, history
 
 
+def _resumable(cfg: RunConfig, out: Path) -> Path | None:
+    """The output_dir's checkpoint folder (None: a fresh run); ConfigError if `cfg` may not resume it."""
+    folder = find_checkpoint(out)
+    if folder is None:
+        return None
+    changed = config_changes(saved_config(folder), cfg)
+    if changed:
+        raise ConfigError(
+            f"{out} holds a checkpoint written under another config ({', '.join(changed)} changed); only "
+            "grpo.steps and train.* may change on resume: restore those keys or pick a new output_dir"
+        )
+    return folder
+
+
 def _base_policy(cfg: RunConfig):
+    _check_model_path(cfg)
+    return load_hf_folder(cfg.model.path)
+
+
+def _check_model_path(cfg: RunConfig) -> None:
     path = cfg.model.path
     if not path:
         raise ConfigError(
@@ -105,13 +254,13 @@ def _base_policy(cfg: RunConfig):
             f"model.path: {path} not found; bootstrap a base policy first (`tlt bootstrap --config "
             "configs/quickstart.yaml` writes runs/quickstart/model) or point model.path at an HF folder"
         )
-    return load_hf_folder(path)
 
 
-def _finish(cfg: RunConfig, out: Path, history: list[dict]) -> dict:
+def _finish(cfg: RunConfig, out: Path, history: list[dict], extra: dict | None = None) -> dict:
     if history:
         plot_summary(history, out / "summary.png")
     summary = {"output_dir": str(out), "steps": len(history), "policy": str(out / "checkpoint" / "policy")}
+    summary |= extra or {}
     summary |= {
         "speculative": cfg.speculative.enabled,
         "tuner": cfg.speculative.tuner if cfg.speculative.enabled else None,

@@ -1,0 +1,89 @@
+"""Worker functions for test_train_multiprocess.py, at module level so spawned children can import them."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import torch
+import torch.distributed as dist
+
+from tlt.config import GRPOConfig
+from tlt.models.presets import build_model
+from tlt.training.data_parallel import shard, update_policy_sharded
+from tlt.training.grpo import GRPOModule, make_batch, update_policy
+from tlt.training.launch import WorkerContext
+
+G = 4  # group size of the fixed batch
+GROUPS = 3  # split 2 + 1 over two ranks: uneven shards
+GRPO = GRPOConfig(lr=1e-3, minibatch_size=5, epochs=2, kl_coef=0.05, entropy_coef=0.01)
+
+
+def slow_rank0_reward(texts: list[str], golds: list[str]) -> list[float]:
+    """Rewards that vary inside a group (math rewards of a random policy are all 0); rank 0's share ends
+    0.8 s after its rollout, so rank 1 is idle while rank 0 still works on the step's rollout."""
+    if dist.is_initialized() and dist.get_rank() == 0:
+        time.sleep(0.8)
+    return [len(t) / 100 for t in texts]
+
+
+def _fixed_batch():
+    """GROUPS * G rows of random prompts and responses of different lengths, random advantages."""
+    g = torch.Generator().manual_seed(0)
+    B = GROUPS * G
+
+    def tokens(low: int, high: int) -> torch.Tensor:
+        return torch.randint(3, 300, (int(torch.randint(low, high, (), generator=g)),), generator=g)
+
+    prompts = [tokens(3, 7) for _ in range(B)]
+    responses = [tokens(1, 12) for _ in range(B)]
+    advantages = torch.randn(B, generator=g)
+    return make_batch(prompts, responses, advantages, pad_id=0)
+
+
+def _module(policy: torch.nn.Module) -> GRPOModule:
+    reference = copy.deepcopy(policy)
+    return GRPOModule(policy, GRPO, temperature=1.0, reference=reference)
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+def _optimizer(module: GRPOModule, kind: str) -> torch.optim.Optimizer:
+    if kind == "adamw":
+        return module.configure_optimizers()
+    return torch.optim.SGD(module.policy.parameters(), lr=0.1)
+
+
+def update_equivalence(ctx: WorkerContext, optimizer: str) -> dict:
+    """The sharded update of each rank's rows vs (on rank 0) one process's update of all rows; both from the
+    same policy, old / reference log-probs and generator seed."""
+    torch.manual_seed(0)
+    module = _module(build_model("test", 300, 1, 2, 0, seed=0))
+    full, _ = module.recompute(_fixed_batch())  # old and reference log-probs of all rows, alike on all ranks
+    start = _flat(module.policy)
+    single = None
+    if ctx.rank == 0:
+        alone = _module(copy.deepcopy(module.policy))
+        stats = update_policy(alone, _optimizer(alone, optimizer), full, torch.Generator().manual_seed(7))
+        single = {"params": _flat(alone.policy), "stats": stats}
+    first, count = shard(GROUPS, ctx.rank, ctx.world_size)
+    rows = torch.arange(first * G, (first + count) * G)
+    generator = torch.Generator().manual_seed(7)
+    opt = _optimizer(module, optimizer)
+    stats = update_policy_sharded(module, opt, full.rows(rows), generator, first * G, GROUPS * G)
+    after = _flat(module.policy)
+    return {"start": start, "params": after, "stats": stats, "single": single, "rows": rows.tolist()}
+
+
+def run_equivalence(ctx: WorkerContext) -> dict:
+    return {name: update_equivalence(ctx, name) for name in ("adamw", "sgd")}
+
+
+def resume_then_equivalence(ctx: WorkerContext, cfg) -> dict:
+    """Resume a 2-rank `tlt train` run as its spawned ranks do, then the update equivalence (one launch)."""
+    from tlt.training.train import _rank_main
+
+    summary = _rank_main(ctx, cfg, slow_rank0_reward)
+    return {"summary": summary, "equivalence": run_equivalence(ctx)}

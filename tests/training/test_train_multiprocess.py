@@ -1,0 +1,117 @@
+"""`tlt train` on 2 processes (gloo) with TLT on (spot): the ranks end with bit-identical policies and
+drafters, rank 0 alone logs one metrics row per step and writes the checkpoint with every rank's own state,
+the rank that finished its share early trains the drafter during the other's rollout, a resume continues
+every rank's state; the data-parallel policy update equals one process's update over the same rollouts."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.training import dp_workers
+from tests.training.test_train_cli import config  # noqa: F401  (the fixture: a random test-preset policy)
+from tlt.cli import main
+from tlt.config import ConfigError, load_config
+from tlt.training.data_parallel import shard
+from tlt.training.launch import launch_cpu
+from tlt.training.run_log import COLUMNS
+from tlt.training.train import run_train
+
+
+@pytest.fixture(scope="module")
+def two_steps(config, tmp_path_factory):  # noqa: F811
+    """A 2-rank, 2-step run spawned by `run_train` (as `tlt train ... train.devices=2` does); rank 0's share
+    takes 0.8 s longer (its reward function sleeps)."""
+    out = tmp_path_factory.mktemp("dp") / "run"
+    cfg = load_config(config, ["train.devices=2", "grpo.steps=2", f"output_dir={out}"])
+    summary = run_train(cfg, reward_fn=dp_workers.slow_rank0_reward)
+    shutil.copytree(out, out.parent / "after-2-steps")  # `resumed` continues `out`
+    return out.parent / "after-2-steps", summary
+
+
+@pytest.fixture(scope="module")
+def resumed(config, two_steps):  # noqa: F811
+    """The same run resumed to 3 steps by the ranks' own entry point, then the update-equivalence check, in
+    one launch of 2 processes."""
+    out = two_steps[0].parent / "run"
+    cfg = load_config(config, ["train.devices=2", "grpo.steps=3", f"output_dir={out}"])
+    return out, launch_cpu(dp_workers.resume_then_equivalence, 2, cfg, timeout_s=80)
+
+
+def _metrics(out) -> list[dict]:
+    return json.loads((out / "checkpoint" / "metrics.json").read_text())
+
+
+def test_ranks_end_identical_and_rank_0_logs_once_per_step(two_steps):
+    out, summary = two_steps
+    assert summary["devices"] == 2 and summary["replicas_identical"] and summary["steps"] == 2
+    rows = [line.split(",") for line in (out / "metrics.csv").read_text().splitlines()]
+    assert rows[0] == COLUMNS and [r[0] for r in rows[1:]] == ["0", "1"]
+    for m in _metrics(out):
+        assert m["num_samples"] == 8 and m["optimizer_steps"] == 2 and m["version"] == m["step"] + 1
+        assert m["logprob_gap"] < 1e-3 and m["sd_token_share"] > 0
+    assert json.loads((out / "summary.json").read_text()) == summary
+    meta = json.loads((out / "checkpoint" / "meta.json").read_text())
+    assert meta == {"step": 2, "version": 2, "world_size": 2}
+
+
+def test_the_early_rank_trains_the_drafter_during_the_other_ranks_rollout(two_steps):
+    out, _ = two_steps
+    for m in _metrics(out):
+        assert m["spot_steps"] >= 1 and m["drafter_steps"] == m["spot_steps"] and m["drafter_loss"] > 0
+        assert m["idle_seconds"] >= 0.5 and 0 < m["idle_train_seconds"] <= m["idle_seconds"] + 0.5
+    state = torch.load(out / "checkpoint" / "trainer.pt", weights_only=True)
+    ranks = [r["trainer"] for r in state["ranks"]]
+    assert len(ranks) == 2 and not {"tuner", "buffer", "drafter_optimizer"} & state["trainer"].keys()
+    assert ranks[0]["drafter_optimizer"]["state"] == {}  # rank 0 finished last: it never trained
+    assert ranks[1]["drafter_optimizer"]["state"]  # rank 1 trained while rank 0 still rolled out
+    buffers = [[s["tokens"] for s in r["buffer"]["samples"]] for r in ranks]
+    assert len(buffers[0]) == len(buffers[1]) == 8  # each rank's own rollouts: 2 steps x 1 prompt x G = 4
+    assert not all(torch.equal(a, b) for a, b in zip(buffers[0], buffers[1], strict=True))
+
+
+def test_resume_restores_every_rank(resumed):
+    out, resumed = resumed
+    summary = resumed[0]["summary"]
+    assert resumed[1]["summary"] is None  # rank 1 neither logs nor summarises
+    assert summary["steps"] == 3 and summary["replicas_identical"]
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["0", "1", "2"]
+    last = _metrics(out)[2]
+    assert last["step"] == 2 and last["version"] == 3
+    assert last["buffer_samples"] == 24  # both ranks kept their buffers across the resume: 2 x 3 steps x 4
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_sharded_update_equals_one_process(resumed, optimizer):
+    a, b = (r["equivalence"][optimizer] for r in resumed[1])
+    single = a["single"]
+    assert a["rows"] == list(range(8)) and b["rows"] == list(range(8, 12))  # uneven shards, whole groups
+    assert torch.equal(a["params"], b["params"])  # every rank takes the same step
+    assert (a["params"] - a["start"]).abs().max() > 100 * (a["params"] - single["params"]).abs().max()
+    # equal up to float summation order (AdamW's normalisation amplifies that noise on tiny gradients)
+    atol = 1e-6 if optimizer == "sgd" else 2e-5
+    torch.testing.assert_close(a["params"], single["params"], rtol=0, atol=atol)
+    for key, value in vars(single["stats"]).items():
+        assert getattr(a["stats"], key) == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_shard_splits_whole_prompts_deterministically():
+    assert [shard(5, r, 2) for r in range(2)] == [(0, 3), (3, 2)]
+    assert [shard(8, r, 4) for r in range(4)] == [(0, 2), (2, 2), (4, 2), (6, 2)]
+    assert sum(shard(7, r, 3)[1] for r in range(3)) == 7
+
+
+def test_config_errors_before_any_process_starts(config, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(["train", str(config), "train.devices=3", "--output-dir", str(out)]) == 2
+    assert "rollout.prompts_per_step: got 2 for 3 processes" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="train.devices: got 0"):
+        load_config(config, ["train.devices=0"])
+
+
+def test_a_multiprocess_checkpoint_resumes_only_with_as_many_processes(two_steps, config, capsys):  # noqa: F811
+    out, _ = two_steps
+    assert main(["train", str(config), "grpo.steps=5", "--output-dir", str(out)]) == 2
+    assert "written by a run of 2 process(es), this run has 1" in capsys.readouterr().err

@@ -1,0 +1,383 @@
+"""Multi-process TLT RL on torch.distributed: N ranks, one rollout engine each, one policy (DESIGN.md,
+"Distributed model"). The same code runs on gloo (CPU) and nccl (one GPU per rank).
+
+Per RL step, every rank of the default process group (`DistributedRLTrainer.step`):
+
+1. draws the same `rollout.prompts_per_step` problems (the same seeded sampler on every rank) and rolls out
+   its contiguous share of them (`shard`: whole groups, never split) with its own engine and a rank-specific
+   sampling seed; then, still alone, computes its samples' rewards and group advantages and recomputes
+   pi_old and the hidden states of its rows, which fill its own drafter buffer;
+2. trains its drafter replica in idle time (`SpotWorker`): under `scheduler.policy=spot` a rank whose share
+   is done trains until every rank's share is done; `between_steps` trains the budget after that; `never`
+   (or SD off) only waits. The wait goes through the store, so no collective sits behind a long rollout.
+   The replicas are then reconciled (step-weighted average): every rank holds the same drafter;
+3. updates the policy data-parallel (`update_policy_sharded`): each minibatch is the same set of global rows
+   as in one process (one seeded permutation of the global batch, the same on every rank); a rank
+   back-propagates its rows' token-sum loss divided by the minibatch's global token count and the
+   gradients are summed (all_reduce), so the token-mean loss, its gradient, the clipping norm and the AdamW
+   step are those of one process over the same rollouts (up to float summation order), and every rank
+   takes the same step: the policies stay identical;
+4. pushes the same policy and drafter to its engine, at the same version;
+5. all-gathers its metrics; `combine` merges them (the caller logs them on rank 0).
+
+Metrics of a multi-process step: sample statistics (reward, lengths, accept length, log-prob gap, buffer
+samples) are over all ranks' samples; `rollout_seconds` is the slowest rank's generate, `train_seconds`
+the slowest rank's rewards + recompute plus the slowest policy update, `drafter_seconds` the drafter time
+outside the rollout wait (the last rank's wait for reconciliation: preemption under `spot`, the budget
+under `between_steps`), `push_seconds` the slowest push. `drafter_steps` counts the micro-steps of all
+ranks that entered the reconciled drafter, `spot_steps` those run while another rank still rolled out;
+`idle_seconds` sums each rank's wait from its own share's end to the last one's, `idle_train_seconds` the
+part of it spent training the drafter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from tlt.backends.base import DecodeStepStats, FinishReason, Rollout
+from tlt.config import ConfigError, RunConfig
+from tlt.data.rewards import math_rewards
+from tlt.data.tasks import MathProblem
+from tlt.drafters.base import Drafter
+from tlt.evaluation import LengthStats
+from tlt.schedulers.idle import IdleScheduler, Policy
+from tlt.training.checkpoint import RANK_LOCAL, rng_state, save_checkpoint
+from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats
+from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics
+from tlt.training.spot import DrafterStepper, SpotWorker
+
+POLL_SECONDS = 0.001  # the store wait of a step without drafter training
+
+
+def shard(num_prompts: int, rank: int, world_size: int) -> tuple[int, int]:
+    """(first prompt, prompt count) of `rank`'s share: contiguous, sizes differing by at most one, the first
+    num_prompts % world_size ranks one larger."""
+    base, extra = divmod(num_prompts, world_size)
+    return rank * base + min(rank, extra), base + int(rank < extra)
+
+
+# ---- the data-parallel policy update --------------------------------------------------------------------
+
+
+def update_policy_sharded(
+    module: GRPOModule,
+    optimizer: torch.optim.Optimizer,
+    batch: GRPOBatch,
+    generator: torch.Generator,
+    offset: int,
+    total: int,
+) -> UpdateStats:
+    """`grpo.update_policy` over a global batch of `total` rows of which this rank holds rows
+    [offset, offset + batch.size) as `batch` (collective: every rank of the default group calls it).
+
+    The minibatches are those of one process (`cfg.epochs` seeded permutations of range(total), split in
+    `cfg.minibatch_size`; `generator` advances as there). Per minibatch a rank backpropagates
+    token_sum(loss over its rows) / (global response tokens of the minibatch); the summed gradients are the
+    single-process gradient of the minibatch's token-mean loss. A parameter gets a gradient if any rank's
+    rows gave it one (else it stays None, as in one process, so AdamW skips it). Stats are global too.
+    """
+    cfg = module.cfg
+    device = batch.input_ids.device
+    params = [p for p in module.policy.parameters() if p.requires_grad]
+    tokens = torch.zeros(total, dtype=torch.float64, device=device)  # [total] response tokens per row
+    tokens[offset : offset + batch.size] = batch.loss_mask.sum(1).double()
+    dist.all_reduce(tokens)
+    tokens = tokens.cpu()
+    minibatches = [
+        index
+        for _ in range(cfg.epochs)
+        for index in torch.randperm(total, generator=generator).split(cfg.minibatch_size)
+    ]
+    totals = torch.zeros(6, dtype=torch.float64)  # loss, policy_loss, kl, entropy, clip_fraction, grad_norm
+    for index in minibatches:
+        mine = index[(index >= offset) & (index < offset + batch.size)] - offset  # local rows, in order
+        count = tokens[index].sum().clamp(min=1).item()  # the minibatch's response tokens on all ranks
+        optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(5, dtype=torch.float64, device=device)  # token sums of the 5 loss terms
+        if mine.numel():
+            chunk = batch.rows(mine.to(device))
+            out = module.loss(chunk)
+            n = chunk.loss_mask.sum().double()
+            (out.loss * (n / count)).backward()
+            terms = (out.loss.detach(), out.policy_loss, out.kl, out.entropy, out.clip_fraction)
+            sums = torch.stack([t.detach().double() for t in terms]) * n
+        sums = _sum_gradients(params, sums)
+        norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+        totals += torch.cat([sums.cpu() / count, norm.detach().double().cpu().view(1)])
+    means = (totals / len(minibatches)).tolist()
+    return UpdateStats(len(minibatches), *means)
+
+
+@torch.no_grad()
+def _sum_gradients(params: list[torch.Tensor], extra: torch.Tensor) -> torch.Tensor:
+    """Sum every parameter's gradient over ranks in place (a missing one counts as 0 and stays None if no
+    rank has one); returns `extra` ([k] float64) summed over ranks too."""
+    has = torch.tensor([p.grad is not None for p in params], dtype=torch.float64, device=extra.device)
+    flat = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params]
+    )  # [P] float32
+    small = torch.cat([extra, has])  # [k + n_params]
+    dist.all_reduce(flat)
+    dist.all_reduce(small)
+    any_grad = small[extra.numel() :] > 0
+    chunks = flat.split([p.numel() for p in params])
+    for p, chunk, keep in zip(params, chunks, any_grad.tolist(), strict=True):
+        if not keep:
+            p.grad = None
+        elif p.grad is None:
+            p.grad = chunk.view_as(p).to(p.dtype).clone()
+        else:
+            p.grad.copy_(chunk.view_as(p))
+    return small[: extra.numel()]
+
+
+# ---- the trainer ------------------------------------------------------------------------------------------
+
+
+class _LossRecorder:
+    """A `DrafterStepper` seen by `SpotWorker`, recording each micro-step's loss."""
+
+    def __init__(self, stepper: DrafterStepper):
+        self.stepper, self.losses = stepper, []
+
+    @property
+    def head(self):
+        return self.stepper.head
+
+    def step(self) -> float:
+        loss = self.stepper.step()
+        self.losses.append(loss)
+        return loss
+
+    def reset(self) -> None:
+        self.stepper.reset()
+
+
+@dataclass
+class _Share:
+    """One rank's part of a step before the collectives."""
+
+    rollouts: list[Rollout]
+    rewards: torch.Tensor  # [b]
+    batch: GRPOBatch  # old (and reference) log-probs filled in
+    decode: list[float]  # accepted + rows of SD verifies, rows, SD-step tokens, decode-step tokens
+    generate_seconds: float
+    local_seconds: float  # rewards, advantages, recompute and buffer fill
+    end: float  # clock at the end of the share
+
+
+class DistributedRLTrainer(RLTrainer):
+    """`RLTrainer` on one rank of the default process group; `step` is collective (module doc).
+
+    Args: those of `RLTrainer`, plus `store`: shared by all ranks (`WorkerContext.store`), for the "all
+    shares done" flags. Every rank builds it from the same policy, drafter and config.
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        policy: torch.nn.Module,
+        tokenizer,
+        problems: Sequence[MathProblem],
+        drafter: Drafter | None = None,
+        reward_fn: RewardFn = math_rewards,
+        device: torch.device | str = "cpu",
+        *,
+        store: dist.Store,
+    ):
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        check_world(cfg, self.world_size)
+        super().__init__(cfg, policy, tokenizer, problems, drafter, reward_fn, device)
+        self.store = store
+        self.recorder = None if self.stepper is None else _LossRecorder(self.stepper)
+        self.spot = None
+        if self.recorder is not None:
+            scheduler = IdleScheduler.from_config(cfg.scheduler, self.world_size)
+            self.spot = SpotWorker(self.recorder, store, scheduler)
+
+    def step(self) -> StepMetrics:
+        problems = self.sampler.next()  # the same on every rank
+        first, count = shard(len(problems), self.rank, self.world_size)
+        start = self._clock()
+        spot = None
+        if self.spot is None:
+            share = self._share(problems[first : first + count], start)
+            idle = self._wait_for_all()
+        else:
+            self.recorder.losses.clear()
+            spot = self.spot.run_step(lambda: self._share(problems[first : first + count], start))
+            share, idle = spot.rollout, spot.stats.idle_seconds
+        reconciled = self._clock()
+        G = self.cfg.rollout.samples_per_prompt
+        update = update_policy_sharded(
+            self.module, self.optimizer, share.batch, self.generator, first * G, len(problems) * G
+        )
+        update_end = self._clock()
+        self.version += 1
+        self._push()
+        push_end = self._clock()
+        mask = share.batch.loss_mask
+        gap = ((share.batch.old_logprobs - share.batch.sampler_logprobs).abs() * mask).sum().item()
+        ok = spot is not None and spot.error is None
+        in_idle = ok and self.spot.scheduler.policy is Policy.SPOT  # spot: every micro-step is in idle time
+        part = {
+            "lengths": [r.token_ids.numel() for r in share.rollouts],
+            "rewards": share.rewards.tolist(),
+            "truncated": sum(r.finish_reason is FinishReason.LENGTH for r in share.rollouts),
+            "decode": share.decode,
+            "gap": [gap, mask.sum().item()],
+            "generate": share.generate_seconds,
+            "local": share.local_seconds,
+            "after_share": reconciled - share.end,
+            "update": update_end - reconciled,
+            "push": push_end - update_end,
+            "drafter_steps": spot.weights[self.rank] if spot is not None else 0,
+            "losses": list(self.recorder.losses) if ok else [],
+            "spot_steps": spot.stats.micro_steps if in_idle else 0,
+            "idle": idle,
+            "idle_train": spot.stats.train_seconds if in_idle else 0.0,
+            "buffer": 0 if self.buffer is None else len(self.buffer),
+        }
+        parts: list[dict] = [{} for _ in range(self.world_size)]
+        dist.all_gather_object(parts, part)
+        metrics = combine(parts, self.step_index, self.version, update)
+        self.step_index += 1
+        return metrics
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.spot is not None:
+            self.spot.step = self.step_index  # store keys stay unique per step across a resume
+
+    def rank_state(self) -> dict:
+        """What only this rank has (its tuner, drafter buffer and drafter optimizer; its RNG), on CPU."""
+        state = self.state_dict()
+        return _to_cpu({"trainer": {k: state[k] for k in RANK_LOCAL}, "rng": rng_state()})
+
+    def _rollout_seed(self) -> int:
+        """Each rank samples its share from its own stream (at N = 1 the single-process seed)."""
+        return super()._rollout_seed() * self.world_size + self.rank
+
+    def _share(self, problems: list[MathProblem], start: float) -> _Share:
+        """Rollout, rewards, advantages, recompute and buffer fill of this rank's problems; no collective."""
+        rollouts = self._rollout(problems)
+        decode = _decode_sums(self.engine.step_stats)
+        generated = self._clock()
+        rewards = self._rewards(rollouts, problems)
+        batch = self._recompute(self._batch(rollouts, rewards))
+        end = self._clock()
+        return _Share(rollouts, rewards, batch, decode, generated - start, end - generated, end)
+
+    def _wait_for_all(self) -> float:
+        """Count this rank's share done in the store and poll until every rank's is; returns the seconds
+        waited. (A collective would time out behind a long rollout; the store has no deadline here.)"""
+        key = f"shares/{self.step_index}"
+        if self.rank == 0 and self.step_index > 0:
+            self.store.delete_key(f"shares/{self.step_index - 1}")  # everyone is past it (last update)
+        start = time.monotonic()
+        self.store.add(key, 1)
+        while self.store.add(key, 0) < self.world_size:
+            time.sleep(POLL_SECONDS)
+        return time.monotonic() - start
+
+
+def check_world(cfg: RunConfig, world_size: int) -> None:
+    """What a run of `world_size` processes needs beyond one process's checks; raises ConfigError."""
+    if cfg.rollout.prompts_per_step < world_size:
+        raise ConfigError(
+            f"rollout.prompts_per_step: got {cfg.rollout.prompts_per_step} for {world_size} processes; each "
+            f"rank rolls out whole groups, so it needs at least {world_size} (one prompt per rank)"
+        )
+
+
+def combine(parts: list[dict], step: int, version: int, update: UpdateStats) -> StepMetrics:
+    """The step's `StepMetrics` from every rank's part (module doc: what each field means over ranks)."""
+    lengths = [n for p in parts for n in p["lengths"]]
+    rewards = torch.tensor([r for p in parts for r in p["rewards"]])
+    decode = [sum(p["decode"][i] for p in parts) for i in range(4)]
+    gap, gap_tokens = (sum(p["gap"][i] for p in parts) for i in range(2))
+    losses = [x for p in parts for x in p["losses"]]
+    stats = LengthStats.of(lengths)
+    return StepMetrics(
+        step=step,
+        version=version,
+        num_samples=len(lengths),
+        reward_mean=rewards.mean().item(),
+        accuracy=(rewards >= 1).float().mean().item(),
+        response_len_mean=stats.mean,
+        response_len_p50=stats.p50,
+        response_len_p90=stats.p90,
+        response_len_max=stats.max,
+        truncated=sum(p["truncated"] for p in parts) / len(lengths),
+        rollout_seconds=max(p["generate"] for p in parts),
+        train_seconds=max(p["local"] for p in parts) + max(p["update"] for p in parts),
+        drafter_seconds=min(p["after_share"] for p in parts),
+        push_seconds=max(p["push"] for p in parts),
+        accept_length=decode[0] / decode[1] if decode[1] else 0.0,
+        sd_token_share=decode[2] / decode[3] if decode[3] else 0.0,
+        **asdict(update),
+        logprob_gap=gap / max(gap_tokens, 1),
+        drafter_steps=sum(p["drafter_steps"] for p in parts),
+        drafter_loss=sum(losses) / len(losses) if losses else None,
+        buffer_samples=sum(p["buffer"] for p in parts),
+        spot_steps=sum(p["spot_steps"] for p in parts),
+        idle_seconds=sum(p["idle"] for p in parts),
+        idle_train_seconds=sum(p["idle_train"] for p in parts),
+    )
+
+
+def _decode_sums(steps: list[DecodeStepStats]) -> list[float]:
+    """The sums behind `rl_loop.decode_stats`, to add over ranks: [accepted + rows of SD steps, rows of SD
+    steps, tokens of SD steps, tokens of all decode steps]."""
+    sd = [s for s in steps if s.sd_on]
+    rows = sum(s.running_batch for s in sd)
+    return [
+        float(sum(s.accepted_tokens for s in sd) + rows),
+        float(rows),
+        float(sum(s.generated_tokens for s in sd)),
+        float(sum(s.generated_tokens for s in steps)),
+    ]
+
+
+# ---- checkpoints and consistency ------------------------------------------------------------------------
+
+
+def save_distributed_checkpoint(output_dir, trainer: DistributedRLTrainer, metrics: list[dict]) -> None:
+    """Collective: rank 0 gathers every rank's own state and writes the checkpoint (`save_checkpoint`)."""
+    gathered = [None] * trainer.world_size if trainer.rank == 0 else None
+    dist.gather_object(trainer.rank_state(), gathered, dst=0)
+    if trainer.rank == 0:
+        save_checkpoint(output_dir, trainer, metrics, ranks=gathered)
+
+
+def weights_digest(trainer: RLTrainer) -> str:
+    """SHA-256 of the policy's and the drafter's tensors (names, dtypes, shapes, bytes): equal on two ranks
+    exactly when their replicas are bit-identical."""
+    h = hashlib.sha256()
+    modules = [("policy", trainer.policy)]
+    if trainer.drafter is not None:
+        parts = sorted(vars(trainer.drafter).items())
+        modules += [(k, v) for k, v in parts if isinstance(v, torch.nn.Module)]
+    for prefix, module in modules:
+        for name, tensor in sorted(module.state_dict().items()):
+            t = tensor.detach().cpu().contiguous()
+            h.update(f"{prefix}.{name}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _to_cpu(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree.cpu()
+    if isinstance(tree, dict):
+        return {k: _to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_to_cpu(v) for v in tree)
+    return tree
