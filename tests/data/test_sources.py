@@ -8,8 +8,15 @@ from .checks import check_solution, evaluate
 
 
 def _expression(question: str) -> str:
-    assert question.startswith("Calculate ") and question.endswith(".")
-    return question.removeprefix("Calculate ").removesuffix(".")
+    prefix = next(p for p in ("Calculate ", "Add from left to right: ") if question.startswith(p))
+    assert question.endswith(".")
+    return question.removeprefix(prefix).removesuffix(".")
+
+
+def test_chain_sums_and_basic_arithmetic_never_share_a_question_form():
+    chain = to_problem("chain_sum", 1, {"answer": "6", "metadata": {"expression": "3 + 4 - 1"}})
+    basic = to_problem("basic_arithmetic", 1, {"answer": "6", "metadata": {"expression": "3 + 4 - 1"}})
+    assert chain.question != basic.question and chain.solution != basic.solution
 
 
 def test_knobs_exact_levels():

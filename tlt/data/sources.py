@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from tlt.data.solutions import arithmetic_solution, chain_sum_solution, cot_solution, products_solution
 from tlt.data.tasks import GYM_FAMILIES, MathProblem
 
+# One question form per family: "3 + 4 - 1" is both a chain sum (solved as running totals) and basic arithmetic
+# (solved by reductions); the same question with two solution formats would be an unlearnable target.
+QUESTIONS = {
+    "chain_sum": "Add from left to right: {expression}.",
+    "basic_arithmetic": "Calculate {expression}.",
+    "products": "Calculate {expression}.",
+}
 _CHUNK = 512  # items per reasoning-gym dataset object (gsm_symbolic precomputes `size` task indices)
 _GSM_SUFFIX = " Give the result as your final answer. Do not include units."
 
@@ -102,7 +109,7 @@ def to_problem(family: str, difficulty: int, item: dict) -> MathProblem | None:
             return None
     if not solution.endswith(f"\\boxed{{{answer}}}."):
         return None
-    return MathProblem(f"Calculate {expression}.", answer, family, difficulty, solution)
+    return MathProblem(QUESTIONS[family].format(expression=expression), answer, family, difficulty, solution)
 
 
 def gym_stream(family: str, difficulty: int, seed: int) -> Iterator[MathProblem]:
