@@ -1,6 +1,8 @@
-"""A random test-preset model with a small byte-level tokenizer, saved as an HF folder (CLI-level tests)."""
+"""Random test-preset models: in memory for engine tests, or with a tokenizer as an HF folder (CLI tests)."""
 
 from pathlib import Path
+
+import torch
 
 from tlt.models.io import save_hf_folder
 from tlt.models.presets import build_model
@@ -18,3 +20,21 @@ def save_tiny_model(path: Path, seed: int = 0) -> Path:
         seed=seed,
     )
     return save_hf_folder(model, tokenizer, path)
+
+
+def random_target(std: float = 0.15, unit_norms: bool = False) -> torch.nn.Module:
+    """A random test-preset Qwen2 (vocab 64) with weights ~ N(0, std), seeded.
+
+    std 0.15 gives rare logit ties; with the norm weights left random, greedy continuations fall
+    into loops (38 38 38 ...), with `unit_norms` they stay varied.
+    """
+    torch.set_num_threads(1)
+    model = build_model("test", vocab_size=64)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if unit_norms and "norm" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0, std, generator=g)
+    return model

@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from tests.tiny_model import random_target
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
@@ -21,13 +22,7 @@ STRATEGIES = [SpecStrategy.parse(s) for s in ("1_1_2", "3_1_4", "2_2_5", "3_3_9"
 @pytest.fixture(scope="module")
 def target():
     """A tiny random Qwen2 (vocab 64) with scaled-up weights: varied continuations, rare ties."""
-    torch.set_num_threads(1)
-    model = build_model("test", vocab_size=64)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.15, generator=g)
-    return model
+    return random_target(0.15)
 
 
 class Cycling:

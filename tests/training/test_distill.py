@@ -6,12 +6,12 @@ import random
 import pytest
 import torch
 
+from tests.tiny_model import random_target
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.cli import build_parser
 from tlt.config import ConfigError, DrafterConfig
 from tlt.drafters import load_drafter
-from tlt.models.presets import build_model
 from tlt.schedulers.tuners import FixedTuner
 from tlt.training.distill import collect_sequences, distill_drafter
 
@@ -19,13 +19,7 @@ from tlt.training.distill import collect_sequences, distill_drafter
 @pytest.fixture(scope="module")
 def target():
     """A tiny random Qwen2 (vocab 64) whose greedy continuations are varied but patterned."""
-    torch.set_num_threads(1)
-    model = build_model("test", vocab_size=64)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.15, generator=g)
-    return model
+    return random_target(0.15)
 
 
 def _prompts(n, seed):
