@@ -65,9 +65,7 @@ class ReferenceTuner:
         self.bounds, self.arms = bounds, [SpecStrategy.parse(s) for s in per_bucket]
 
     def select(self, batch_size):
-        return next(
-            (arm for bound, arm in zip(self.bounds, self.arms, strict=True) if batch_size <= bound), None
-        )
+        return next((arm for bound, arm in zip(self.bounds, self.arms, strict=True) if batch_size <= bound), None)
 
     def update(self, strategy, batch_size, generated_tokens, seconds):
         pass
@@ -80,9 +78,7 @@ def tuners(strategies: list[str], seed: int) -> dict[str, object]:
     for s in strategies:
         out[f"always-{s}"] = FixedTuner(s, threshold=10**9)
     deep_first = sorted(strategies, key=lambda s: -int(s.split("_")[2]))
-    out["reference"] = ReferenceTuner(
-        [deep_first[min(i, len(deep_first) - 1)] for i in range(len(REFERENCE_BUCKETS))]
-    )
+    out["reference"] = ReferenceTuner([deep_first[min(i, len(deep_first) - 1)] for i in range(len(REFERENCE_BUCKETS))])
     for kind in ("cost", "beg", "ucb1"):
         out[f"adaptive-{kind}"] = build_tuner(kind, strategies, seed=seed)
     return out
@@ -102,12 +98,9 @@ def run_config(engine: NativeEngine, prompts, params: SamplingParams, n: int, re
         walls.append(wall)
         tokens.append(sum(len(x.token_ids) for x in rollouts))
         sd_steps = [s for s in engine.step_stats if s.sd_on]
-        accepted.append(
-            sum(s.accepted_tokens for s in sd_steps) / max(1, sum(s.running_batch for s in sd_steps))
-        )
+        accepted.append(sum(s.accepted_tokens for s in sd_steps) / max(1, sum(s.running_batch for s in sd_steps)))
         sd_tokens.append(
-            sum(s.generated_tokens for s in sd_steps)
-            / max(1, sum(s.generated_tokens for s in engine.step_stats))
+            sum(s.generated_tokens for s in sd_steps) / max(1, sum(s.generated_tokens for s in engine.step_stats))
         )
     steps = len(engine.step_stats)
     return {
@@ -160,7 +153,8 @@ def markdown(results: dict[str, dict], machine: str, table: dict, best_fixed: st
     base = results["sd-never"]["wall_s"]
     lines = [
         f"# Adaptive rollout benchmark\n\n{machine}\n",
-        "| config | wall s (median) | speedup vs sd-never | tokens/s | accepted/verify | SD token share | tuner us/step |",
+        "| config | wall s (median) | speedup vs sd-never | tokens/s | accepted/verify | SD token share "
+        "| tuner us/step |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
@@ -179,13 +173,13 @@ def markdown(results: dict[str, dict], machine: str, table: dict, best_fixed: st
 
 
 def main(argv: list[str] | None = None) -> int:
+    from eval.machine import describe_machine
     from tlt.config import load_config
     from tlt.data.prompts import format_prompt
     from tlt.data.splits import task_mix, training_problems
     from tlt.drafters import load_drafter
     from tlt.drafters.ngram import NgramDrafter
     from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
-    from eval.machine import describe_machine
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="HF folder of the base policy")

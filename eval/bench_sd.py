@@ -68,12 +68,9 @@ CONFIG_HELP = (
     "<target>/../card.json when present, else the defaults)"
 )
 HF_HELP = "plain HF generate at these batch sizes (and 1); '' skips every HF peer"
-MIN_PROMPTS_HELP = (
-    "prompts per cell at least: batch b runs ceil(min_prompts / b) batches of b distinct prompts"
-)
+MIN_PROMPTS_HELP = "prompts per cell at least: batch b runs ceil(min_prompts / b) batches of b distinct prompts"
 STOP_HELP = (
-    "stop rows at EOS (the batch then shrinks); by default rows run to --max-new-tokens, so the batch size "
-    "stays fixed"
+    "stop rows at EOS (the batch then shrinks); by default rows run to --max-new-tokens, so the batch size stays fixed"
 )
 
 
@@ -130,9 +127,7 @@ def run_cells(work: Workload, cells: list[Cell], settings: BenchSettings) -> dic
     results = {}
     for i, cell in enumerate(cells, 1):
         start = time.perf_counter()
-        result = (
-            run_isolated(work, cell, settings) if settings.isolate else measure_cell(work, cell, settings)
-        )
+        result = run_isolated(work, cell, settings) if settings.isolate else measure_cell(work, cell, settings)
         results[cell] = result
         _progress(i, len(cells), result, results.get(cell.plain()), time.perf_counter() - start)
     return results
@@ -181,9 +176,7 @@ def build_payload(
 ) -> dict:
     rows = sd_rows(results, costs)
     greedy = [r for r in rows if r.identical is not None]
-    failed = [
-        f"{r.drafter}/{r.strategy}/b{r.batch_size}: {r.first_mismatch}" for r in greedy if not r.identical
-    ]
+    failed = [f"{r.drafter}/{r.strategy}/b{r.batch_size}: {r.first_mismatch}" for r in greedy if not r.identical]
     paths = {"eagle": settings.eagle, "small_lm": settings.small_lm, "ngram": "model-free"}
     return {
         "machine": machine,

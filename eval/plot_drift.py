@@ -1,7 +1,7 @@
 """Policy-drift experiment report: acceptance length per RL step of a frozen vs an adaptive drafter.
 
-Run the same `tlt train` twice, once with `scheduler.policy=never` (the drafter from `drafter.path` stays frozen)
-and once with `spot` (trained online), with the same tuner and a fixed strategy so acceptance lengths are
+Run the same `tlt train` twice, once with `scheduler.policy=never` (the drafter from `drafter.path` stays
+frozen) and once with `spot` (trained online), with the same tuner and a fixed strategy so acceptance lengths are
 comparable; then:
 
   python -m eval.plot_drift --frozen runs/drift-frozen --adaptive runs/drift-adaptive --out runs/drift.png

@@ -84,9 +84,7 @@ def load_drafters(settings: BenchSettings) -> dict[str, Drafter]:
     return drafters
 
 
-def heldout_prompts(
-    settings: BenchSettings, tokenizer: PreTrainedTokenizerBase
-) -> tuple[list[list[int]], dict]:
+def heldout_prompts(settings: BenchSettings, tokenizer: PreTrainedTokenizerBase) -> tuple[list[list[int]], dict]:
     """Encoded held-out prompts, enough for every batch plan, and the DataConfig they were drawn with."""
     # imported here: tlt.data loads reasoning-gym (seconds), which an --isolate child given prompts skips
     from tlt.data.prompts import format_prompt
@@ -176,16 +174,12 @@ def native_runner(work: Workload, cell: Cell, settings: BenchSettings) -> Runner
             timed.seconds, timed.calls = 0.0, 0
         start = time.perf_counter()
         for i, batch in enumerate(batches):
-            sampling = SamplingParams(
-                cell.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed + i
-            )
+            sampling = SamplingParams(cell.temperature, max_new_tokens=settings.max_new_tokens, seed=settings.seed + i)
             rollouts += engine.generate(batch, sampling)
             steps += engine.step_stats
         seconds = time.perf_counter() - start
         outputs = [r.token_ids.tolist() for r in rollouts]
-        return RunOutput(
-            seconds, outputs, steps, timed.seconds if timed else 0.0, timed.calls if timed else 0
-        )
+        return RunOutput(seconds, outputs, steps, timed.seconds if timed else 0.0, timed.calls if timed else 0)
 
     return run
 
@@ -225,8 +219,7 @@ def hf_runner(work: Workload, cell: Cell, settings: BenchSettings) -> Runner:
     )
     extra = {"assistant_model": work.drafters["small_lm"].model} if cell.drafter == HF_ASSISTANT else {}
     batches = [
-        _left_pad(b, work.pad_token_id)
-        for b in prompt_batches(work.prompts, cell.batch_size, settings.min_prompts)
+        _left_pad(b, work.pad_token_id) for b in prompt_batches(work.prompts, cell.batch_size, settings.min_prompts)
     ]
 
     def run() -> RunOutput:
@@ -234,9 +227,7 @@ def hf_runner(work: Workload, cell: Cell, settings: BenchSettings) -> Runner:
         start = time.perf_counter()
         with _generation_eos(work.model, work.eos_token_id), torch.inference_mode():
             for ids, mask in batches:
-                out = work.model.generate(
-                    input_ids=ids, attention_mask=mask, generation_config=config, **extra
-                )
+                out = work.model.generate(input_ids=ids, attention_mask=mask, generation_config=config, **extra)
                 generated.append(out[:, ids.shape[1] :])
         seconds = time.perf_counter() - start
         outputs = [_cut_at_eos(row, work.eos_token_id) for block in generated for row in block.tolist()]

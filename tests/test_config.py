@@ -77,6 +77,9 @@ def test_rl_configs_differ_only_in_tlt():
     baseline, tlt = load_config(root / "baseline.yaml"), load_config(root / "tlt.yaml")
     assert (baseline.speculative.enabled, baseline.scheduler.policy) == (False, "never")
     assert (tlt.speculative.enabled, tlt.speculative.tuner, tlt.drafter.kind, tlt.scheduler.policy) == (
-        True, "cost", "eagle", "spot"
+        True,
+        "cost",
+        "eagle",
+        "spot",
     )
     assert config_changes(baseline, tlt) == ["scheduler.policy", "speculative.enabled"]

@@ -87,9 +87,9 @@ def test_missing_lm_eval_gives_the_install_hint(monkeypatch):
 
 
 def test_gen_kwargs_resolve_to_greedy_or_sampling_with_a_capped_budget():
-    assert GenerationSettings.of(
-        {"until": "\n\n", "do_sample": False, "temperature": 0.7}, 32
-    ) == GenerationSettings(("\n\n",), 0.0, 1.0, 0, 32)
+    assert GenerationSettings.of({"until": "\n\n", "do_sample": False, "temperature": 0.7}, 32) == GenerationSettings(
+        ("\n\n",), 0.0, 1.0, 0, 32
+    )
     sampled = GenerationSettings.of({"do_sample": True, "temperature": 0.7, "max_gen_toks": 100}, 32)
     assert (sampled.temperature, sampled.max_new_tokens) == (0.7, 32)
     with pytest.raises(ValueError, match=r"unsupported gen_kwargs \['repetition_penalty'\]"):
@@ -102,9 +102,7 @@ def test_cut_at_stop_uses_the_earliest_stop_string():
 
 
 def test_generate_until_records_every_request_in_order(tiny_lm):
-    requests = [
-        _request("Question: 1 + 2?\nSolution:\n", i, {"until": [], "do_sample": False}) for i in range(3)
-    ]
+    requests = [_request("Question: 1 + 2?\nSolution:\n", i, {"until": [], "do_sample": False}) for i in range(3)]
     requests.append(_request("Question: 3?\n", 3, {"until": ["\n"], "do_sample": True, "temperature": 1.0}))
     texts = tiny_lm.generate_until(requests)
     assert len(texts) == len(tiny_lm.records) == 4

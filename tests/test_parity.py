@@ -66,9 +66,7 @@ def gsm8k_file(tmp_path):
     ],
 )
 def test_bad_input_exits_2_with_the_reason(tmp_path, gsm8k_file, tiny_model, capsys, extra, message):
-    (tmp_path / "bad.jsonl").write_text(
-        gsm8k_file.read_text() + '{"question": "q", "answer": "no final line"}\n'
-    )
+    (tmp_path / "bad.jsonl").write_text(gsm8k_file.read_text() + '{"question": "q", "answer": "no final line"}\n')
     argv = [
         "parity",
         str(tiny_model),

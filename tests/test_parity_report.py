@@ -51,14 +51,8 @@ def test_sd_only_mismatch_fails_and_is_listed(tmp_path):
     markdown = md_path.read_text()
     assert markdown == render_markdown(report)
     assert "**FAIL**" in markdown and "| t | 1 | 1 | 1 2 | 1 3 4 |" in markdown
-    assert (
-        "| t | strict | 15 | 33.3% | [15.2%, 58.3%] | 100.0% | [79.6%, 100.0%] | +66.7 pt | 0 / 10 |"
-        in markdown
-    )
-    assert (
-        "- B: 4 decode steps after prefill, 2 with SD, 9 tokens; 6/8 drafted tokens accepted (75.0%)"
-        in markdown
-    )
+    assert "| t | strict | 15 | 33.3% | [15.2%, 58.3%] | 100.0% | [79.6%, 100.0%] | +66.7 pt | 0 / 10 |" in markdown
+    assert "- B: 4 decode steps after prefill, 2 with SD, 9 tokens; 6/8 drafted tokens accepted (75.0%)" in markdown
 
 
 def test_two_model_runs_only_count_identical_outputs():

@@ -135,7 +135,8 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p = sub.add_parser("bootstrap", help="SFT a tiny base policy on generated math solutions")
     p.add_argument(
         "--preset",
-        help="model preset: test, tiny, small, with its bootstrap defaults (tlt.models.presets.BOOTSTRAP_DEFAULTS), "
+        help="model preset: test, tiny, small, with its bootstrap defaults "
+        "(tlt.models.presets.BOOTSTRAP_DEFAULTS), "
         "under --config and key=value overrides (default: the config's model.preset)",
     )
     p.add_argument("--config", help="YAML config file (see configs/)")
@@ -171,15 +172,11 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. grpo.steps=50")
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser(
-        "parity", help="two models, or SD off vs on, on the same lm-eval tasks (needs tlt[eval])"
-    )
+    p = sub.add_parser("parity", help="two models, or SD off vs on, on the same lm-eval tasks (needs tlt[eval])")
     p.add_argument("model_a", help="HF model folder (side A)")
     p.add_argument("model_b", nargs="?", help="HF model folder (side B); omit with --sd-only")
     p.add_argument("--sd-only", action="store_true", help="compare model_a with SD off (A) and on (B)")
-    p.add_argument(
-        "--tasks", help="comma-separated: tlt_gsm8k_local, tlt_math_local (default: the data's format)"
-    )
+    p.add_argument("--tasks", help="comma-separated: tlt_gsm8k_local, tlt_math_local (default: the data's format)")
     p.add_argument("--data", help="GSM8K- or MATH-format JSONL (default: the config's held-out set)")
     p.add_argument("--n", type=int, help="problems per task (default: all of --data, or data.heldout_size)")
     p.add_argument("--sd", choices=("on", "off"), default="off", help="SD for both models (two-model runs)")
@@ -188,9 +185,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.add_argument("--max-new-tokens", type=int, help="default eval.max_new_tokens")
     p.add_argument("--batch-size", type=int, help="default eval.batch_size")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level of the McNemar tests")
-    p.add_argument(
-        "--out", default="runs/parity", help="folder for parity.md, parity.json, data and task files"
-    )
+    p.add_argument("--out", default="runs/parity", help="folder for parity.md, parity.json, data and task files")
     p.add_argument("--config", help="YAML config file; its data and eval sections give the defaults")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     p.set_defaults(func=cmd_parity)

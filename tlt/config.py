@@ -62,10 +62,24 @@ class DataConfig:
             f"one weight per family ({len(self.families)} values)",
             self.weights,
         )
-        _check(all(w >= 0 for w in self.weights) and sum(self.weights) > 0, "data.weights", "non-negative, sum > 0",
-               self.weights)
-        _check(1 <= self.max_difficulty <= 50, "data.max_difficulty", "an integer in [1, 50]", self.max_difficulty)
-        _check(0 < self.difficulty_decay <= 1, "data.difficulty_decay", "a float in (0, 1]", self.difficulty_decay)
+        _check(
+            all(w >= 0 for w in self.weights) and sum(self.weights) > 0,
+            "data.weights",
+            "non-negative, sum > 0",
+            self.weights,
+        )
+        _check(
+            1 <= self.max_difficulty <= 50,
+            "data.max_difficulty",
+            "an integer in [1, 50]",
+            self.max_difficulty,
+        )
+        _check(
+            0 < self.difficulty_decay <= 1,
+            "data.difficulty_decay",
+            "a float in (0, 1]",
+            self.difficulty_decay,
+        )
         _check(self.train_size >= 1, "data.train_size", "an integer >= 1", self.train_size)
         _check(self.heldout_size >= 1, "data.heldout_size", "an integer >= 1", self.heldout_size)
 
@@ -109,7 +123,12 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("native", "vllm", "sglang"))
-        _check(self.samples_per_prompt >= 1, "rollout.samples_per_prompt", "an integer >= 1", self.samples_per_prompt)
+        _check(
+            self.samples_per_prompt >= 1,
+            "rollout.samples_per_prompt",
+            "an integer >= 1",
+            self.samples_per_prompt,
+        )
         _check(self.prompts_per_step >= 1, "rollout.prompts_per_step", "an integer >= 1", self.prompts_per_step)
         _check(self.max_new_tokens >= 1, "rollout.max_new_tokens", "an integer >= 1", self.max_new_tokens)
         _check(self.temperature >= 0, "rollout.temperature", "a float >= 0 (0 = greedy)", self.temperature)
@@ -138,7 +157,12 @@ class SpeculativeConfig:
         if str(self.tuner) == "False":  # YAML 1.1 reads an unquoted `off` as the boolean false
             self.tuner = "off"
         _check_choice("speculative.tuner", self.tuner, ("off", "fixed", "beg", "ucb1", "cost"))
-        _check(len(self.strategies) > 0, "speculative.strategies", "a non-empty list like ['4_1_5']", self.strategies)
+        _check(
+            len(self.strategies) > 0,
+            "speculative.strategies",
+            "a non-empty list like ['4_1_5']",
+            self.strategies,
+        )
         for s in self.strategies:
             try:
                 SpecStrategy.parse(s)
@@ -149,8 +173,12 @@ class SpeculativeConfig:
         _check(0 <= self.epsilon <= 1, "speculative.epsilon", "a float in [0, 1]", self.epsilon)
         _check(self.window >= 1, "speculative.window", "an integer >= 1", self.window)
         if self.tuner == "fixed":
-            _check(len(self.strategies) == 1, "speculative.strategies", "exactly one strategy for tuner 'fixed'",
-                   self.strategies)
+            _check(
+                len(self.strategies) == 1,
+                "speculative.strategies",
+                "exactly one strategy for tuner 'fixed'",
+                self.strategies,
+            )
         from tlt.schedulers.tuners.bandits import parse_buckets
 
         try:
@@ -187,10 +215,18 @@ class DrafterConfig:
         _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram"))
         _check(self.train_steps >= 1, "drafter.train_steps", "an integer >= 1", self.train_steps)
         _check(self.distill_prompts >= 1, "drafter.distill_prompts", "an integer >= 1", self.distill_prompts)
-        _check(self.distill_max_new_tokens >= 2, "drafter.distill_max_new_tokens", "an integer >= 2",
-               self.distill_max_new_tokens)
-        _check(self.distill_temperature >= 0, "drafter.distill_temperature", "a float >= 0 (0 = greedy)",
-               self.distill_temperature)
+        _check(
+            self.distill_max_new_tokens >= 2,
+            "drafter.distill_max_new_tokens",
+            "an integer >= 2",
+            self.distill_max_new_tokens,
+        )
+        _check(
+            self.distill_temperature >= 0,
+            "drafter.distill_temperature",
+            "a float >= 0 (0 = greedy)",
+            self.distill_temperature,
+        )
         _check(self.eval_prompts >= 1, "drafter.eval_prompts", "an integer >= 1", self.eval_prompts)
         try:
             SpecStrategy.parse(self.eval_strategy)
@@ -199,10 +235,18 @@ class DrafterConfig:
         _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
         _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
         _check(0 < self.buffer_decay <= 1, "drafter.buffer_decay", "a float in (0, 1]", self.buffer_decay)
-        _check(self.buffer_long_tokens >= 1, "drafter.buffer_long_tokens", "an integer >= 1",
-               self.buffer_long_tokens)
-        _check(self.w_feature >= 0 and self.w_token >= 0, "drafter.w_feature/w_token", "floats >= 0",
-               (self.w_feature, self.w_token))
+        _check(
+            self.buffer_long_tokens >= 1,
+            "drafter.buffer_long_tokens",
+            "an integer >= 1",
+            self.buffer_long_tokens,
+        )
+        _check(
+            self.w_feature >= 0 and self.w_token >= 0,
+            "drafter.w_feature/w_token",
+            "floats >= 0",
+            (self.w_feature, self.w_token),
+        )
 
 
 @dataclass
@@ -213,9 +257,18 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         _check_choice("scheduler.policy", self.policy, ("spot", "between_steps", "never"))
-        _check(self.between_steps_budget >= 1, "scheduler.between_steps_budget", "an integer >= 1",
-               self.between_steps_budget)
-        _check(self.buffer_bytes >= 2**20, "scheduler.buffer_bytes", "an integer >= 1 MiB (1048576)", self.buffer_bytes)
+        _check(
+            self.between_steps_budget >= 1,
+            "scheduler.between_steps_budget",
+            "an integer >= 1",
+            self.between_steps_budget,
+        )
+        _check(
+            self.buffer_bytes >= 2**20,
+            "scheduler.buffer_bytes",
+            "an integer >= 1 MiB (1048576)",
+            self.buffer_bytes,
+        )
 
 
 @dataclass

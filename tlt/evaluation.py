@@ -68,9 +68,13 @@ def greedy_responses(model, tokenizer, prompts: list[str], max_new_tokens: int, 
 def evaluate(model, tokenizer, problems, max_new_tokens: int = 768, batch_size: int = 64) -> EvalReport:
     """Greedy accuracy (math reward) and response lengths of `model` on `problems` (MathProblem records)."""
     start = time.perf_counter()
-    responses = greedy_responses(model, tokenizer, [format_prompt(p.question) for p in problems], max_new_tokens,
-                                 batch_size)
-    scores = [math_reward(tokenizer.decode(r, skip_special_tokens=True), p.answer) for r, p in zip(responses, problems)]
+    responses = greedy_responses(
+        model, tokenizer, [format_prompt(p.question) for p in problems], max_new_tokens, batch_size
+    )
+    scores = [
+        math_reward(tokenizer.decode(r, skip_special_tokens=True), p.answer)
+        for r, p in zip(responses, problems, strict=False)
+    ]
     by_family: dict[str, list[float]] = {}
     for p, s in zip(problems, scores, strict=True):
         by_family.setdefault(p.family, []).append(s)

@@ -126,9 +126,7 @@ class GenerationSettings:
     def of(cls, gen_kwargs: Mapping[str, Any], max_new_tokens: int) -> GenerationSettings:
         unsupported = sorted(set(gen_kwargs) - _GEN_KWARGS)
         if unsupported:
-            raise ValueError(
-                f"tlt model: unsupported gen_kwargs {unsupported}; supported: {sorted(_GEN_KWARGS)}"
-            )
+            raise ValueError(f"tlt model: unsupported gen_kwargs {unsupported}; supported: {sorted(_GEN_KWARGS)}")
         until = gen_kwargs.get("until") or ()
         sample = gen_kwargs.get("do_sample", False)
         return cls(
@@ -170,9 +168,7 @@ class TltGenerator:
 
         ids = [self.tokenizer.encode(p) for p in prompts]
         limit = self.model.config.max_position_embeddings
-        tuner = (
-            None if self.drafter is None else FixedTuner(self.args.strategy, threshold=self.args.batch_size)
-        )
+        tuner = None if self.drafter is None else FixedTuner(self.args.strategy, threshold=self.args.batch_size)
         engine = NativeEngine(
             self.model,
             self.tokenizer.eos_token_id,
@@ -286,9 +282,7 @@ def serve(generator: TltGenerator, requests, records: list[GenerationRecord], ca
         groups.setdefault(settings, []).append(i)
     served: list[GenerationRecord | None] = [None] * len(requests)
     for settings, rows in groups.items():
-        for i, record in zip(
-            rows, generator.generate([requests[i].args[0] for i in rows], settings), strict=True
-        ):
+        for i, record in zip(rows, generator.generate([requests[i].args[0] for i in rows], settings), strict=True):
             served[i] = replace(record, task=requests[i].task_name, doc_id=requests[i].doc_id)
             if cache_hook is not None:
                 cache_hook.add_partial("generate_until", requests[i].args, record.text)

@@ -117,9 +117,7 @@ class ParityReport:
     @property
     def differs(self) -> bool:
         return any(
-            c.differs(self.settings.alpha)
-            for by_metric in self.comparisons.values()
-            for c in by_metric.values()
+            c.differs(self.settings.alpha) for by_metric in self.comparisons.values() for c in by_metric.values()
         )
 
     @property
@@ -150,8 +148,7 @@ def detect_format(path: str | Path) -> Format:
             if isinstance(obj, dict) and "problem" in obj:
                 return "math"
             raise ValueError(
-                f'{path}:{lineno}: neither GSM8K ("question", "answer") nor MATH ("problem", '
-                '"solution") format'
+                f'{path}:{lineno}: neither GSM8K ("question", "answer") nor MATH ("problem", "solution") format'
             )
     raise ValueError(f"{path} holds no records")
 
@@ -195,9 +192,7 @@ def run_side(label: str, model_args: dict, tasks: list[str], task_manager, limit
         scores[task] = {m: [float(s[m]) for s in samples] for m in METRICS}
     outputs = {(r.task, r.doc_id): r.token_ids for r in lm.records}
     texts = {(r.task, r.doc_id): r.text for r in lm.records}
-    return SideRun(
-        label, model_args, scores, outputs, texts, lm.generator.totals, time.perf_counter() - start
-    )
+    return SideRun(label, model_args, scores, outputs, texts, lm.generator.totals, time.perf_counter() - start)
 
 
 def compare_outputs(a: SideRun, b: SideRun) -> tuple[int, list[OutputMismatch]]:
@@ -208,9 +203,7 @@ def compare_outputs(a: SideRun, b: SideRun) -> tuple[int, list[OutputMismatch]]:
     for key in sorted(a.outputs):
         ta, tb = a.outputs[key], b.outputs[key]
         if ta != tb:
-            first = next(
-                (i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), min(len(ta), len(tb))
-            )
+            first = next((i for i, (x, y) in enumerate(zip(ta, tb, strict=False)) if x != y), min(len(ta), len(tb)))
             mismatches.append(OutputMismatch(key[0], key[1], first, a.texts[key], b.texts[key]))
     return len(a.outputs), mismatches
 
@@ -224,9 +217,7 @@ def run_parity(settings: ParitySettings, data_cfg) -> ParityReport:
     out = Path(settings.out)
     data_files = prepare_data(settings, data_cfg, out / "data")
     tasks = list(data_files)
-    task_manager = TaskManager(
-        include_path=str(write_task_dir(out / "lm_tasks", data_files)), include_defaults=False
-    )
+    task_manager = TaskManager(include_path=str(write_task_dir(out / "lm_tasks", data_files)), include_defaults=False)
     limit = settings.n if settings.data is not None else None
     (label_a, args_a), (label_b, args_b) = settings.sides()
     a = run_side(label_a, args_a, tasks, task_manager, limit)

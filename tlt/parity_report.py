@@ -112,13 +112,9 @@ def _outputs_section(report: ParityReport) -> list[str]:
     ]
     if report.outputs_must_match:
         status = "PASS" if not report.mismatches else "FAIL"
-        lines.append(
-            f"Greedy decoding with SD off and on must give identical outputs (lossless SD): **{status}**."
-        )
+        lines.append(f"Greedy decoding with SD off and on must give identical outputs (lossless SD): **{status}**.")
         if report.totals[1].sd_steps == 0:
-            lines.append(
-                "Warning: SD never ran on side B, so this check compared plain decoding with itself."
-            )
+            lines.append("Warning: SD never ran on side B, so this check compared plain decoding with itself.")
     if report.mismatches:
         shown = report.mismatches[:MAX_MISMATCHES_SHOWN]
         lines += [
@@ -129,8 +125,7 @@ def _outputs_section(report: ParityReport) -> list[str]:
             "|---|---:|---:|---|---|",
         ]
         lines += [
-            f"| {m.task} | {m.doc_id} | {m.first_diff} | {_snippet(m.text_a)} | {_snippet(m.text_b)} |"
-            for m in shown
+            f"| {m.task} | {m.doc_id} | {m.first_diff} | {_snippet(m.text_a)} | {_snippet(m.text_b)} |" for m in shown
         ]
     return lines
 

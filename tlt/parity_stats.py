@@ -80,9 +80,7 @@ class PairedComparison:
 def compare_paired(scores_a: Sequence[float], scores_b: Sequence[float]) -> PairedComparison:
     """Paired counts of two equally long 0/1 score lists (problem i of A pairs with problem i of B)."""
     if len(scores_a) != len(scores_b) or not scores_a:
-        raise ValueError(
-            f"need two non-empty score lists of one length, got {len(scores_a)} and {len(scores_b)}"
-        )
+        raise ValueError(f"need two non-empty score lists of one length, got {len(scores_a)} and {len(scores_b)}")
     if any(s not in (0, 1) for s in (*scores_a, *scores_b)):
         raise ValueError("paired scores must be 0 or 1")
     pairs = list(zip(scores_a, scores_b, strict=True))

@@ -47,9 +47,7 @@ def test_logprobs_and_hidden_states_match_hf(native_target):
         logp = torch.log_softmax(out.logits[0, P - 1 : -1] / 0.7, dim=-1)
         expected = logp.gather(1, rollout.token_ids[:, None]).squeeze(1)
         torch.testing.assert_close(rollout.logprobs, expected, atol=1e-5, rtol=0)
-        torch.testing.assert_close(
-            rollout.hidden_states, out.hidden_states[-1][0, P - 1 : -1], atol=1e-4, rtol=0
-        )
+        torch.testing.assert_close(rollout.hidden_states, out.hidden_states[-1][0, P - 1 : -1], atol=1e-4, rtol=0)
 
 
 def test_eos_stops_and_is_included(native_target):
@@ -78,9 +76,7 @@ def test_n_samples_are_grouped_and_seeded(native_target):
     engine = NativeEngine(native_target, eos_token_id=None, max_seq_len=64)
     params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=7)
     rollouts = engine.generate(PROMPTS[:2], params, n=3)
-    assert [(r.prompt_index, r.sample_index) for r in rollouts] == [
-        (p, s) for p in range(2) for s in range(3)
-    ]
+    assert [(r.prompt_index, r.sample_index) for r in rollouts] == [(p, s) for p in range(2) for s in range(3)]
     assert len({tuple(r.token_ids.tolist()) for r in rollouts[:3]}) > 1  # samples differ
     again = engine.generate(PROMPTS[:2], params, n=3)
     assert all(torch.equal(a.token_ids, b.token_ids) for a, b in zip(rollouts, again, strict=True))
@@ -113,9 +109,7 @@ def test_update_weights_changes_outputs_and_checks_shapes(native_target):
     original = model.state_dict()[name].clone()
     with pytest.raises(ValueError, match="shape mismatch, nothing was loaded"):
         engine.update_weights({"model.norm.weight": torch.ones(128), name: torch.zeros(3, 3)})
-    assert torch.equal(
-        model.state_dict()["model.norm.weight"], native_target.state_dict()["model.norm.weight"]
-    )
+    assert torch.equal(model.state_dict()["model.norm.weight"], native_target.state_dict()["model.norm.weight"])
     with pytest.raises(KeyError, match="unknown parameter names"):
         engine.update_weights({"model.layers.9.bogus": torch.zeros(1)})
     engine.update_weights({name: original * 3, "model.norm.weight": torch.full((128,), 2.0)}, version=5)

@@ -69,11 +69,7 @@ class ToyDrafter(Drafter):
             open_nodes = [j for j in range(i) if depth[j] < strategy.steps and children[j] < strategy.topk]
             parent = open_nodes[0] if strategy.topk == 1 else self.rng.choice(open_nodes)
             true = self._true(b, depth[parent] + 1) if on_truth[parent] else None
-            tok = (
-                true
-                if true is not None and self.rng.random() < self.p_oracle
-                else self.rng.randrange(self.vocab)
-            )
+            tok = true if true is not None and self.rng.random() < self.p_oracle else self.rng.randrange(self.vocab)
             tokens.append(tok)
             parents.append(parent)
             depth.append(depth[parent] + 1)
@@ -200,9 +196,7 @@ def test_sd_sampling_matches_plain_first_tokens_distribution(native_target, para
     table = [[c.count(k) for k in keys] for c in counts]
     common = [i for i in range(len(keys)) if table[0][i] + table[1][i] >= 10]
     rest = [sum(row[i] for i in range(len(keys)) if i not in common) for row in table]
-    table = [
-        [row[i] for i in common] + ([r] if sum(rest) else []) for row, r in zip(table, rest, strict=True)
-    ]
+    table = [[row[i] for i in common] + ([r] if sum(rest) else []) for row, r in zip(table, rest, strict=True)]
     assert len(table[0]) >= 5  # enough outcomes for the test to have power
     assert chi2_contingency(table).pvalue > 1e-3
 

@@ -50,9 +50,7 @@ def test_outputs_write_appends_kept_tokens_only():
         prev_hidden=torch.arange(12.0).view(2, 3, 2),
     )
     out.write(seq_ids, first, check_stop(first.tokens, first.counts, torch.tensor([4, 4]), eos=None))
-    second = Emission(
-        torch.tensor([[3, 4], [2, 3]]), torch.tensor([2, 2]), torch.zeros(2, 2), torch.zeros(2, 2, 2)
-    )
+    second = Emission(torch.tensor([[3, 4], [2, 3]]), torch.tensor([2, 2]), torch.zeros(2, 2), torch.zeros(2, 2, 2))
     out.write(seq_ids, second, check_stop(second.tokens, second.counts, torch.tensor([1, 3]), eos=2))
     rollouts = out.rollouts([torch.tensor([1]), torch.tensor([2]), torch.tensor([3])], n=1)
     assert [r.token_ids.tolist() for r in rollouts] == [[8, 2], [], [5, 6, 7, 3]]

@@ -17,9 +17,7 @@ from .checks import check_solution, evaluate
 
 
 def test_chain_sum_running_total_one_line_per_term():
-    assert (
-        chain_sum_solution([12, 7, 4], ["+", "-"]) == "12 + 7 = 19\n19 - 4 = 15\nThe answer is \\boxed{15}."
-    )
+    assert chain_sum_solution([12, 7, 4], ["+", "-"]) == "12 + 7 = 19\n19 - 4 = 15\nThe answer is \\boxed{15}."
     assert chain_sum_solution([3, 9], ["-"]) == "3 - 9 = -6\nThe answer is \\boxed{-6}."
 
 

@@ -58,10 +58,7 @@ def test_every_solution_line_is_true_arithmetic(family, difficulty):
         expression = _expression(p.question)
         assert evaluate(expression) == int(p.answer)
         check_solution(p.solution, p.answer, expression)
-        assert (
-            len(expression.split()) == 2 * knobs(family, difficulty).num_terms - 1
-            or family == "basic_arithmetic"
-        )
+        assert len(expression.split()) == 2 * knobs(family, difficulty).num_terms - 1 or family == "basic_arithmetic"
 
 
 def test_gym_problems_deterministic_by_seed():

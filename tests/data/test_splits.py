@@ -57,8 +57,6 @@ def test_heldout_of_a_small_space_reports_exhaustion(monkeypatch):
 
 
 def test_task_mix_from_data_config():
-    cfg = DataConfig(
-        families=["products", "chain_sum"], weights=[1, 3], max_difficulty=4, difficulty_decay=0.5
-    )
+    cfg = DataConfig(families=["products", "chain_sum"], weights=[1, 3], max_difficulty=4, difficulty_decay=0.5)
     assert task_mix(cfg) == TaskMix(("products", "chain_sum"), (1.0, 3.0), 4, 0.5)
     assert task_mix(DataConfig()) == DEFAULT_MIX

@@ -30,9 +30,7 @@ def plain(target, params=GREEDY, eos=None, prompts=PROMPTS):
 
 def speculative(target, drafter, strategy, params=GREEDY, eos=None, prompts=PROMPTS):
     """(rollouts, step stats) of an SD run that uses `strategy` on every step."""
-    engine = NativeEngine(
-        target, eos_token_id=eos, max_seq_len=64, tuner=AlwaysTuner(strategy), drafter=drafter
-    )
+    engine = NativeEngine(target, eos_token_id=eos, max_seq_len=64, tuner=AlwaysTuner(strategy), drafter=drafter)
     rollouts = engine.generate(prompts, params)
     assert all(s.sd_on and s.strategy == str(strategy) for s in engine.step_stats)
     return rollouts, engine.step_stats

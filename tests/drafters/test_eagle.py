@@ -53,9 +53,7 @@ def _assert_same(sd, reference):
 @pytest.mark.parametrize("strategy", STRATEGIES, ids=str)
 def test_untrained_eagle_sd_greedy_equals_plain(target, plain, strategy):
     drafter = EagleDrafter.from_target(target, seed=0)
-    engine = NativeEngine(
-        target, eos_token_id=None, max_seq_len=64, tuner=Cycling([strategy]), drafter=drafter
-    )
+    engine = NativeEngine(target, eos_token_id=None, max_seq_len=64, tuner=Cycling([strategy]), drafter=drafter)
     _assert_same(engine.generate(PROMPTS, GREEDY, n=2), plain)
     assert all(s.sd_on for s in engine.step_stats)
 
@@ -132,9 +130,7 @@ def _reference_tree(head, tokens, hidden, strategy):
         for f in frontier:
             out, lp = dist(path_of(f))
             for s, t in zip(*lp.topk(K), strict=True):
-                cands.append(
-                    {"score": cands[f]["score"] + s.item(), "token": t.item(), "parent": f, "feat": out}
-                )
+                cands.append({"score": cands[f]["score"] + s.item(), "token": t.item(), "parent": f, "feat": out})
                 new.append(len(cands) - 1)
         frontier = sorted(new, key=lambda i: -cands[i]["score"])[:K]
     chosen = sorted(sorted(range(len(cands)), key=lambda i: -cands[i]["score"])[:n])
@@ -223,9 +219,7 @@ def test_embedding_and_lm_head_are_shared_not_owned(target):
 def test_bind_rejects_a_mismatched_target(target, preset, vocab):
     drafter = EagleDrafter.from_target(target, seed=0)
     other = build_model(preset, vocab_size=vocab)
-    with pytest.raises(
-        DrafterMismatchError, match=r"EAGLE drafter was built for hidden_size=128, vocab_size=64"
-    ):
+    with pytest.raises(DrafterMismatchError, match=r"EAGLE drafter was built for hidden_size=128, vocab_size=64"):
         drafter.bind(other)
     with pytest.raises(DrafterMismatchError):
         NativeEngine(other, eos_token_id=None, max_seq_len=32, drafter=drafter)

@@ -15,8 +15,7 @@ from tlt.speculative.strategy import SpecStrategy
 def bench_target(tmp_path_factory):
     """A random test-preset target with a tokenizer trained on a few prompts, saved as an HF folder."""
     tokenizer = train_tokenizer(["Question: Calculate 1 + 2 - 3.\nSolution:\n1 + 2 = 3"] * 20, vocab_size=300)
-    model = build_model("test", len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                        tokenizer.pad_token_id)
+    model = build_model("test", len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
     return save_hf_folder(model, tokenizer, tmp_path_factory.mktemp("bench") / "model")
 
 
@@ -32,8 +31,15 @@ def test_reference_tuner_maps_buckets_and_turns_sd_off_above_32():
 
 def test_every_configuration_is_built_fresh():
     names = list(tuners(["2_1_3", "4_1_5"], seed=0))
-    assert names == ["sd-never", "always-2_1_3", "always-4_1_5", "reference", "adaptive-cost", "adaptive-beg",
-                     "adaptive-ucb1"]
+    assert names == [
+        "sd-never",
+        "always-2_1_3",
+        "always-4_1_5",
+        "reference",
+        "adaptive-cost",
+        "adaptive-beg",
+        "adaptive-ucb1",
+    ]
 
 
 def test_decision_table_shares_per_power_of_two_range():
@@ -43,8 +49,24 @@ def test_decision_table_shares_per_power_of_two_range():
 
 def test_smoke_run_writes_report_and_plot(tmp_path, bench_target):
     out = tmp_path / "out"
-    argv = ["--target", str(bench_target), "--prompts", "2", "--samples", "2", "--max-new-tokens", "12",
-            "--repeats", "1", "--strategies", "2_1_3", "--configs", "always-2_1_3,adaptive-cost", "--out", str(out)]
+    argv = [
+        "--target",
+        str(bench_target),
+        "--prompts",
+        "2",
+        "--samples",
+        "2",
+        "--max-new-tokens",
+        "12",
+        "--repeats",
+        "1",
+        "--strategies",
+        "2_1_3",
+        "--configs",
+        "always-2_1_3,adaptive-cost",
+        "--out",
+        str(out),
+    ]
     assert main(argv) == 0
     report = json.loads((out / "adaptive.json").read_text())
     assert set(report["results"]) == {"sd-never", "always-2_1_3", "adaptive-cost"}

@@ -57,9 +57,7 @@ def test_bench_sd_reports_every_config_with_greedy_identity(folders, tmp_path):
     assert sd == {(d, b, t) for d in ("eagle", "small_lm", "ngram") for b in (1, 2) for t in (0.0, 1.0)}
     greedy = [r for r in payload["sd"] if r["temperature"] == 0]
     assert payload["identity"] == {"ok": True, "checked": 6, "failed": []}
-    assert all(
-        r["identical"] and r["bound"] > 0 and r["mean_running_batch"] == r["batch_size"] for r in greedy
-    )
+    assert all(r["identical"] and r["bound"] > 0 and r["mean_running_batch"] == r["batch_size"] for r in greedy)
     assert all(c["generated_tokens"] == 8 * c["num_prompts"] for c in payload["cells"])  # EOS ignored
     peers = {r["comparison"] for r in payload["peers"]}
     assert {

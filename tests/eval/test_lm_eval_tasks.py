@@ -22,9 +22,7 @@ def task_manager(tmp_path_factory):
     files = {"tlt_gsm8k_local": folder / "p.gsm8k.jsonl", "tlt_math_local": folder / "p.math.jsonl"}
     write_jsonl(PROBLEMS[:1], files["tlt_gsm8k_local"], "gsm8k")
     write_jsonl(PROBLEMS, files["tlt_math_local"], "math")
-    return lm_eval_tasks.TaskManager(
-        include_path=str(write_task_dir(folder / "tasks", files)), include_defaults=False
-    )
+    return lm_eval_tasks.TaskManager(include_path=str(write_task_dir(folder / "tasks", files)), include_defaults=False)
 
 
 def test_task_yamls_load_with_local_data_and_tlt_prompts(task_manager):

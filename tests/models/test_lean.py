@@ -150,9 +150,7 @@ def test_compact_keeps_and_forks_rows(qwen):
     prompts = [_random_ids(4, 50), _random_ids(4, 51), _random_ids(4, 52)]
     cache = lean.allocate_cache(4, 8)
     prefill = type(cache)(k=cache.k[:, :3], v=cache.v[:, :3])
-    lean.forward(
-        torch.tensor(prompts), torch.arange(4).expand(3, 4), prefill, torch.zeros(3, dtype=torch.long)
-    )
+    lean.forward(torch.tensor(prompts), torch.arange(4).expand(3, 4), prefill, torch.zeros(3, dtype=torch.long))
     rows = torch.tensor([2, 0, 2, 1])  # reorder, drop nothing, fork row 2
     kept = compact(cache, rows, kv_len=4)
     assert kept.batch == 4

@@ -13,8 +13,12 @@ def test_preset_sizes(name, low, high):
 
 
 def test_build_is_deterministic_for_a_seed():
-    a, b, c = build_model("test", 300, seed=1), build_model("test", 300, seed=1), build_model("test", 300, seed=2)
-    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+    a, b, c = (
+        build_model("test", 300, seed=1),
+        build_model("test", 300, seed=1),
+        build_model("test", 300, seed=2),
+    )
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=False))
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
 
 

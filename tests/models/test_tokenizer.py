@@ -4,8 +4,10 @@ from transformers import AutoTokenizer
 
 from tlt.models.tokenizer import train_tokenizer
 
-CORPUS = [f"Question: {a} + {b} = ?\nSolution:\n{a} + {b} = {a + b}\nThe answer is \\boxed{{{a + b}}}." for a, b in
-          zip(range(0, 300, 7), range(5, 900, 13))]
+CORPUS = [
+    f"Question: {a} + {b} = ?\nSolution:\n{a} + {b} = {a + b}\nThe answer is \\boxed{{{a + b}}}."
+    for a, b in zip(range(0, 300, 7), range(5, 900, 13), strict=False)
+]
 TOKENIZER = train_tokenizer(CORPUS, vocab_size=320)
 
 

@@ -14,9 +14,7 @@ BATCHES = [1, 3, 64] * 6000
 BEST = {1: "4_1_5", 3: "4_1_5", 64: "None"}
 
 
-@pytest.mark.parametrize(
-    "make", [lambda: BEGTuner(STRATEGIES, seed=0, epsilon=0.05), lambda: UCB1Tuner(STRATEGIES)]
-)
+@pytest.mark.parametrize("make", [lambda: BEGTuner(STRATEGIES, seed=0, epsilon=0.05), lambda: UCB1Tuner(STRATEGIES)])
 def test_bandits_find_the_best_arm_per_bucket(sim, make):
     picks = sim.drive(make(), sim.Env(seed=1), BATCHES)
     half = len(BATCHES) // 2
@@ -110,9 +108,7 @@ def test_bucket_strategies_narrow_a_bucket_and_a_lone_arm_is_an_error():
         BEGTuner(STRATEGIES, buckets=[4, None], bucket_strategies=[STRATEGIES, []])
     with pytest.raises(ValueError, match=r"bucket \[1\] would have a single arm"):
         UCB1Tuner([])
-    with pytest.raises(
-        ValueError, match=r"bucket_strategies\[1\] has \['3_1_4'\], which are not in strategies"
-    ):
+    with pytest.raises(ValueError, match=r"bucket_strategies\[1\] has \['3_1_4'\], which are not in strategies"):
         BEGTuner(STRATEGIES, buckets=[4, None], bucket_strategies=[STRATEGIES, ["3_1_4"]])
     with pytest.raises(ValueError, match="bucket_strategies has 1 entries but there are 2 buckets"):
         BEGTuner(STRATEGIES, buckets=[4, None], bucket_strategies=[STRATEGIES])

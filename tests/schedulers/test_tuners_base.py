@@ -83,6 +83,4 @@ def test_reward_window_keeps_the_last_values():
     restored.load(json.loads(json.dumps(window.to_state())))
     restored.push(4.0)
     window.push(4.0)
-    assert (
-        restored.to_state() == window.to_state() == {"values": [3.0, 10.0, 4.0], "total": 17.0, "pushes": 5}
-    )
+    assert restored.to_state() == window.to_state() == {"values": [3.0, 10.0, 4.0], "total": 17.0, "pushes": 5}

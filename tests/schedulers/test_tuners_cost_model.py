@@ -166,8 +166,8 @@ def test_needs_a_strategy_and_no_duplicates():
 
 
 def test_exploration_skips_arms_predicted_far_slower(sim):
-    """With epsilon = 1 every unforced step explores; at b = 64 a 4_1_5 step is predicted ~2x slower than plain
-    and 2_1_3 ~1.4x, so with explore_ratio 0.8 exploration never plays them there (beyond the forced pulls),
+    """With epsilon = 1 every unforced step explores; at b = 64 a 4_1_5 step is predicted ~2x slower than
+    plain    and 2_1_3 ~1.4x, so with explore_ratio 0.8 exploration never plays them there (beyond the forced pulls),
     while explore_ratio 0 does."""
     batches = [64] * 400
 

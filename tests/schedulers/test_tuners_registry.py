@@ -62,9 +62,7 @@ def test_build_errors_name_the_problem():
         build_tuner("fixed", "4_1_5,2_1_3")
     with pytest.raises(ValueError, match="threshold must be an integer >= 1, got 0"):
         build_tuner("fixed", "4_1_5", threshold=0)
-    with pytest.raises(
-        ValueError, match=r"epsilon must be a number in \[0, 1\] \(exploration probability\), got 2"
-    ):
+    with pytest.raises(ValueError, match=r"epsilon must be a number in \[0, 1\] \(exploration probability\), got 2"):
         build_tuner("beg", "4_1_5", epsilon=2)
 
 
@@ -85,9 +83,7 @@ SETUPS = [
 
 @pytest.mark.parametrize(("kind", "strategies", "options"), SETUPS)
 @settings(max_examples=40, deadline=None)
-@given(
-    steps=st.lists(st.tuples(st.integers(1, 100_000), st.integers(0, 64), st.floats(1e-6, 10.0)), max_size=30)
-)
+@given(steps=st.lists(st.tuples(st.integers(1, 100_000), st.integers(0, 64), st.floats(1e-6, 10.0)), max_size=30))
 def test_select_only_returns_configured_arms(kind, strategies, options, steps):
     tuner = build_tuner(kind, strategies, seed=0, **options)
     allowed = {None, *parse_strategy_set(strategies)}

@@ -14,7 +14,12 @@ from tlt.models.presets import BOOTSTRAP_DEFAULTS
 from tlt.training.bootstrap import run_bootstrap
 from tlt.training.sft import collate, encode_examples
 
-FAST = ["data.train_size=600", "data.heldout_size=16", "eval.max_new_tokens=48", "bootstrap.checkpoint_every=20"]
+FAST = [
+    "data.train_size=600",
+    "data.heldout_size=16",
+    "eval.max_new_tokens=48",
+    "bootstrap.checkpoint_every=20",
+]
 
 
 def _cfg(out, steps):
@@ -25,7 +30,10 @@ def _cfg(out, steps):
 def _heldout_loss(model, tokenizer, cfg) -> float:
     problems = heldout_problems(task_mix(cfg.data), 16, seed=1)
     examples = encode_examples(
-        [format_prompt(p.question) for p in problems], [format_response(p.solution) for p in problems], tokenizer, 384
+        [format_prompt(p.question) for p in problems],
+        [format_response(p.solution) for p in problems],
+        tokenizer,
+        384,
     )
     batch = collate(examples, tokenizer.pad_token_id)
     with torch.no_grad():

@@ -29,9 +29,7 @@ def _prompts(n, seed):
 
 def test_collected_features_match_a_full_forward(target):
     prompts = _prompts(3, seed=1)
-    data = collect_sequences(
-        target, prompts, SamplingParams(temperature=0, max_new_tokens=8), eos_token_id=None
-    )
+    data = collect_sequences(target, prompts, SamplingParams(temperature=0, max_new_tokens=8), eos_token_id=None)
     for s, p in zip(data, prompts, strict=True):
         # prompt + response without the last response token, whose feature is never computed
         assert s.tokens[: len(p)].tolist() == p and s.num_tokens == len(p) + 7
@@ -49,17 +47,13 @@ def test_drafter_config_validation():
 
 
 def test_cli_has_train_drafter():
-    args = build_parser().parse_args(
-        ["train-drafter", "runs/x/model", "drafter.train_steps=5", "--output", "d"]
-    )
+    args = build_parser().parse_args(["train-drafter", "runs/x/model", "drafter.train_steps=5", "--output", "d"])
     assert args.func.__name__ == "cmd_train_drafter" and args.overrides == ["drafter.train_steps=5"]
 
 
 def test_short_distillation_raises_acceptance_and_stays_lossless(target, tmp_path):
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    cfg = DrafterConfig(
-        train_steps=80, lr=3e-3, batch_tokens=1024, distill_max_new_tokens=32, eval_strategy="3_1_4"
-    )
+    cfg = DrafterConfig(train_steps=80, lr=3e-3, batch_tokens=1024, distill_max_new_tokens=32, eval_strategy="3_1_4")
     heldout = _prompts(8, seed=2)
     before = {k: v.clone() for k, v in target.state_dict().items()}
     drafter, report = distill_drafter(
@@ -72,9 +66,7 @@ def test_short_distillation_raises_acceptance_and_stays_lossless(target, tmp_pat
     loaded = load_drafter(tmp_path / "eagle")
     greedy = SamplingParams(temperature=0, max_new_tokens=24)
     plain = NativeEngine(target, eos_token_id=None, max_seq_len=64).generate(heldout, greedy)
-    engine = NativeEngine(
-        target, eos_token_id=None, max_seq_len=64, tuner=FixedTuner("3_2_6", 64), drafter=loaded
-    )
+    engine = NativeEngine(target, eos_token_id=None, max_seq_len=64, tuner=FixedTuner("3_2_6", 64), drafter=loaded)
     for a, b in zip(engine.generate(heldout, greedy), plain, strict=True):
         assert a.token_ids.tolist() == b.token_ids.tolist()
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)

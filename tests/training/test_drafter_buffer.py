@@ -175,9 +175,7 @@ def test_state_dict_round_trip_restores_samples_and_the_sampling_stream():
     restored.load_state_dict(torch.load(blob))
     assert _fills(restored) == _fills(buffer) and restored.nbytes == buffer.nbytes
     assert [s.version for s in restored.samples] == [s.version for s in buffer.samples]
-    assert all(
-        torch.equal(a.loss_mask, b.loss_mask) for a, b in zip(restored.samples, buffer.samples, strict=True)
-    )
+    assert all(torch.equal(a.loss_mask, b.loss_mask) for a, b in zip(restored.samples, buffer.samples, strict=True))
     for _ in range(3):  # both sampling streams continue identically
         assert _fills_of(restored.sample(10)) == _fills_of(buffer.sample(10))
 

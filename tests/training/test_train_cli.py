@@ -86,9 +86,7 @@ def test_two_steps_write_metrics_plot_summary_and_checkpoint(config, tmp_path, c
         "config.yaml",
         "meta.json",
     }
-    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
-        p.name for p in (ckpt / "policy").iterdir()
-    }
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (ckpt / "policy").iterdir()}
     assert (ckpt / "drafter" / "tlt_drafter.json").is_file()
     assert json.loads((ckpt / "meta.json").read_text()) == {"step": 2, "version": 2}
     state = torch.load(ckpt / "trainer.pt", weights_only=True)
@@ -122,9 +120,7 @@ def test_resume_equals_an_uninterrupted_run(config, tmp_path):
     ma, mb = (json.loads((p / "metrics.json").read_text()) for p in (a, b))
     assert len(ma) == len(mb) == 3
     for x, y in zip(ma, mb, strict=True):
-        assert {k: v for k, v in x.items() if k not in TIMINGS} == {
-            k: v for k, v in y.items() if k not in TIMINGS
-        }
+        assert {k: v for k, v in x.items() if k not in TIMINGS} == {k: v for k, v in y.items() if k not in TIMINGS}
     assert mb[2]["kl"] > 0 and mb[2]["drafter_steps"] == 2 and mb[2]["sd_token_share"] > 0
     rows = _csv_rows(resumed)
     assert [r[0] for r in rows[1:]] == ["0", "1", "2"] and len({len(r) for r in rows}) == 1
@@ -143,9 +139,7 @@ def test_checkpoint_is_all_or_nothing(config, tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(
-        checkpoint, "to_yaml", crash
-    )  # fails after policy, drafter and trainer.pt are written
+    monkeypatch.setattr(checkpoint, "to_yaml", crash)  # fails after policy, drafter and trainer.pt are written
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path, trainer, [{"step": 0}])
     assert json.loads((tmp_path / "checkpoint" / "meta.json").read_text())["step"] == 0

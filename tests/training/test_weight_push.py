@@ -127,9 +127,7 @@ class _ShortTrees(Drafter):
 
     def propose(self, strategy):
         n = strategy.verify_tokens - 1
-        return DraftTree(
-            torch.zeros(self.rows, n, dtype=torch.long), torch.arange(-1, n - 1).expand(self.rows, n)
-        )
+        return DraftTree(torch.zeros(self.rows, n, dtype=torch.long), torch.arange(-1, n - 1).expand(self.rows, n))
 
     def save(self, path):
         pass

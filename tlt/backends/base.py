@@ -51,7 +51,9 @@ class Rollout:
     sample_index: int  # 0..n-1 within its prompt's group
     prompt_ids: torch.Tensor  # [P] int64
     token_ids: torch.Tensor  # [T] int64 response tokens (EOS included when finish_reason is STOP)
-    logprobs: torch.Tensor  # [T] float32 target log-prob of each token: log_softmax(logits / T), T = temperature (1 if greedy), before top-k/top-p
+    # [T] float32 target log-prob of each token: log_softmax(logits / temperature) (temperature 1 if greedy),
+    # before top-k / top-p
+    logprobs: torch.Tensor
     finish_reason: FinishReason
     hidden_states: torch.Tensor | None = None  # [T, D] target last-layer hidden state per response token
 
@@ -86,9 +88,7 @@ class RolloutEngine(Protocol):
     capabilities: Capabilities
     step_stats: list[DecodeStepStats]  # per decode iteration of the last generate() call
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1
-    ) -> list[Rollout]: ...
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1) -> list[Rollout]: ...
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None: ...
 

@@ -58,9 +58,7 @@ class NativeEngine:
             raise ValueError(f"truncate_prompts must be None (raise) or 'left', got {truncate_prompts!r}")
         limit = model.config.max_position_embeddings
         if not 2 <= max_seq_len <= limit:
-            raise ValueError(
-                f"max_seq_len must be in [2, max_position_embeddings={limit}], got {max_seq_len}"
-            )
+            raise ValueError(f"max_seq_len must be in [2, max_position_embeddings={limit}], got {max_seq_len}")
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.eos_token_id = eos_token_id
@@ -100,8 +98,7 @@ class NativeEngine:
         unknown = sorted(set(state_dict) - set(own))
         if unknown:
             raise KeyError(
-                f"update_weights: unknown parameter names {unknown[:5]}; "
-                f"expected HF names like {next(iter(own))!r}"
+                f"update_weights: unknown parameter names {unknown[:5]}; expected HF names like {next(iter(own))!r}"
             )
         bad = [
             f"{k}: got {tuple(v.shape)}, model has {tuple(own[k].shape)}"
@@ -111,9 +108,7 @@ class NativeEngine:
         if bad:
             raise ValueError(f"update_weights: shape mismatch, nothing was loaded: {'; '.join(bad[:5])}")
 
-    def generate(
-        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1
-    ) -> list[Rollout]:
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1) -> list[Rollout]:
         """n samples per prompt, grouped by prompt (rollout i is prompt i // n, sample i % n)."""
         if n < 1:
             raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")

@@ -28,9 +28,7 @@ class ModelRunner:
         self.cache: KVCache | None = None  # the running rows (a view of the buffer)
         self._buffer: KVCache | None = None
 
-    def prefill(
-        self, tokens: torch.Tensor, lengths: torch.Tensor, n: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill P right-padded prompts [P, T] (lengths [P]) once, then fork each into n cache rows.
 
         Returns (hidden [P, T, D] of every prompt token, logits [P, V] at each prompt's last token).

@@ -52,9 +52,7 @@ class StopCheck:
     finished: torch.Tensor  # [B] bool the row leaves the batch (EOS or no budget left)
 
 
-def check_stop(
-    tokens: torch.Tensor, counts: torch.Tensor, remaining: torch.Tensor, eos: int | None
-) -> StopCheck:
+def check_stop(tokens: torch.Tensor, counts: torch.Tensor, remaining: torch.Tensor, eos: int | None) -> StopCheck:
     """Cut each row's emitted tokens [B, L] at its first EOS (kept) and at its remaining budget [B]."""
     L = tokens.shape[1]
     steps = torch.arange(L, device=tokens.device)[None, :]  # [1, L]

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from tlt.data.solutions import arithmetic_solution, chain_sum_solution, cot_solution, products_solution
 from tlt.data.tasks import GYM_FAMILIES, MathProblem
 
-# One question form per family: "3 + 4 - 1" is both a chain sum (solved as running totals) and basic arithmetic
-# (solved by reductions); the same question with two solution formats would be an unlearnable target.
+# One question form per family: "3 + 4 - 1" is both a chain sum (solved as running totals) and basic
+# arithmetic (solved by reductions); the same question with two solution formats would be an unlearnable target.
 QUESTIONS = {
     "chain_sum": "Add from left to right: {expression}.",
     "basic_arithmetic": "Calculate {expression}.",

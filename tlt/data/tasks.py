@@ -49,9 +49,7 @@ class TaskMix:
         if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
             raise ValueError(f"TaskMix.weights must be >= 0 with a positive sum, got {self.weights}")
         if not 1 <= self.max_difficulty <= 50:
-            raise ValueError(
-                f"TaskMix.max_difficulty must be an integer in [1, 50], got {self.max_difficulty}"
-            )
+            raise ValueError(f"TaskMix.max_difficulty must be an integer in [1, 50], got {self.max_difficulty}")
         if not 0 < self.difficulty_decay <= 1:
             raise ValueError(f"TaskMix.difficulty_decay must be in (0, 1], got {self.difficulty_decay}")
 

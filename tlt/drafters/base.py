@@ -55,7 +55,7 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(self, strategy: SpecStrategy) -> DraftTree:
-        """Draft a tree per row, rooted at each row's last committed token, with strategy.verify_tokens nodes."""
+        """Draft a tree per row, rooted at its last committed token, with strategy.verify_tokens nodes."""
 
     @abstractmethod
     def keep(self, rows: torch.Tensor) -> None:

@@ -131,9 +131,7 @@ class EagleDrafter(Drafter):
             return
         tokens = torch.cat([t for t, _, _ in self.pending], dim=1)  # [B, L]
         hidden = torch.cat([h for _, h, _ in self.pending], dim=1)  # [B, L, D]
-        valid = torch.cat(
-            [torch.arange(t.shape[1], device=t.device) < c[:, None] for t, _, c in self.pending], 1
-        )
+        valid = torch.cat([torch.arange(t.shape[1], device=t.device) < c[:, None] for t, _, c in self.pending], 1)
         order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # valid entries first
         tokens = tokens.gather(1, order)
         hidden = hidden.gather(1, order[:, :, None].expand(-1, -1, hidden.shape[-1]))

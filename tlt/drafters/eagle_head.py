@@ -49,8 +49,7 @@ class EagleConfig:
                 raise ValueError(f"EagleConfig.{name} must be a positive integer, got {value!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"EagleConfig.num_heads={self.num_heads} must be a multiple of "
-                f"num_kv_heads={self.num_kv_heads}"
+                f"EagleConfig.num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
             )
         if self.head_dim % 2:
             raise ValueError(f"EagleConfig.head_dim must be even (RoPE), got {self.head_dim}")

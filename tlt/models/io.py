@@ -28,7 +28,7 @@ def atomic_write_json(path: str | Path, payload: object) -> None:
 
 
 def save_hf_folder(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, path: str | Path) -> Path:
-    """Write model (+ tokenizer) to `path` via a temporary sibling folder and a rename (no half-written folder)."""
+    """Write model (+ tokenizer) to `path` via a temporary sibling folder and a rename (never half-written)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))

@@ -52,9 +52,7 @@ class LeanLayer:
 def _layer_from_hf(layer: torch.nn.Module) -> LeanLayer:
     attn, mlp = layer.self_attn, layer.mlp
     if getattr(mlp, "gate_proj", None) is None or getattr(mlp.gate_proj, "bias", None) is not None:
-        raise ValueError(
-            "LeanModel supports SwiGLU MLPs without bias (Qwen2 / Llama); got another MLP layout"
-        )
+        raise ValueError("LeanModel supports SwiGLU MLPs without bias (Qwen2 / Llama); got another MLP layout")
     return LeanLayer(
         input_norm=layer.input_layernorm.weight,
         q_w=attn.q_proj.weight,
@@ -86,9 +84,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> 
     return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
 
 
-def attention_mask(
-    cache_lens: torch.Tensor, num_new: int, kv_len: int, tree_mask: torch.Tensor | None
-) -> torch.Tensor:
+def attention_mask(cache_lens: torch.Tensor, num_new: int, kv_len: int, tree_mask: torch.Tensor | None) -> torch.Tensor:
     """[B, 1, Q, S] bool: query q of row b sees the row's cached prefix and its allowed new tokens.
 
     cache_lens: [B]; the new tokens occupy slots cache_lens[b] .. + Q - 1. tree_mask: [B, Q, Q] or None
@@ -137,13 +133,9 @@ class LeanModel:
             )
         rope = getattr(model.config, "rope_parameters", None) or {}
         if rope.get("rope_type", "default") in ("dynamic", "longrope"):
-            raise ValueError(
-                f"LeanModel precomputes RoPE tables; rope_type={rope['rope_type']!r} is not supported"
-            )
+            raise ValueError(f"LeanModel precomputes RoPE tables; rope_type={rope['rope_type']!r} is not supported")
         if getattr(model.config, "use_sliding_window", False):
-            raise ValueError(
-                "LeanModel does not implement sliding-window attention; set use_sliding_window=False"
-            )
+            raise ValueError("LeanModel does not implement sliding-window attention; set use_sliding_window=False")
         return cls(model)
 
     def _rope_tables(self, rotary: torch.nn.Module) -> None:
@@ -240,9 +232,7 @@ def compact(cache: KVCache, rows: torch.Tensor, kv_len: int | None = None) -> KV
     """
     B2 = rows.shape[0]
     if B2 > cache.batch:
-        raise ValueError(
-            f"compact to {B2} rows needs a cache with at least that many rows, has {cache.batch}"
-        )
+        raise ValueError(f"compact to {B2} rows needs a cache with at least that many rows, has {cache.batch}")
     S = cache.max_len if kv_len is None else kv_len
     cache.k[:, :B2, :, :S] = cache.k[:, rows, :, :S]  # the right side is gathered into a temporary first
     cache.v[:, :B2, :, :S] = cache.v[:, rows, :, :S]

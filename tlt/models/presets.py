@@ -69,7 +69,12 @@ def qwen2_config(preset: ModelPreset, vocab_size: int, bos_id: int, eos_id: int,
 
 
 def build_model(
-    preset: str | ModelPreset, vocab_size: int, bos_id: int = 1, eos_id: int = 2, pad_id: int = 0, seed: int = 0
+    preset: str | ModelPreset,
+    vocab_size: int,
+    bos_id: int = 1,
+    eos_id: int = 2,
+    pad_id: int = 0,
+    seed: int = 0,
 ) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 causal LM for a preset, deterministic for a seed."""
     preset = preset_from_name(preset) if isinstance(preset, str) else preset

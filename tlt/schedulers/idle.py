@@ -113,9 +113,7 @@ class IdleScheduler:
     def worker_finished(self, rank: int) -> None:
         w = self._worker(rank)
         if w.status is not WorkerStatus.ROLLOUT:
-            raise ValueError(
-                f"worker {rank} finished without a running rollout share (status {w.status.value})"
-            )
+            raise ValueError(f"worker {rank} finished without a running rollout share (status {w.status.value})")
         now = self.clock()
         w.status, w.finished = WorkerStatus.IDLE, now
         w.stats.rollout_seconds = now - w.started

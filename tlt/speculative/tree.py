@@ -31,7 +31,7 @@ class DraftTree:
         return depth
 
     def ancestor_mask(self) -> torch.Tensor:
-        """[B, N, N] bool, mask[b, i, j] is True when node j is node i or one of its ancestors (tree attention)."""
+        """[B, N, N] bool: mask[b, i, j] when node j is node i or one of its ancestors (tree attention)."""
         B, N = self.parents.shape
         mask = torch.zeros(B, N, N, dtype=torch.bool, device=self.parents.device)
         mask[:, 0, 0] = True

@@ -20,9 +20,7 @@ from tlt.speculative.tree import DraftTree, VerifyResult
 def _check_tree_inputs(tree: DraftTree, target_logits: torch.Tensor) -> None:
     B, N = tree.tokens.shape
     if tree.parents.shape != (B, N):
-        raise ValueError(
-            f"DraftTree.parents {tuple(tree.parents.shape)} must match tokens [B, N] = [{B}, {N}]"
-        )
+        raise ValueError(f"DraftTree.parents {tuple(tree.parents.shape)} must match tokens [B, N] = [{B}, {N}]")
     if target_logits.dim() != 3 or tuple(target_logits.shape[:2]) != (B, N):
         raise ValueError(
             f"target_logits must be [B, N, V] with [B, N] = [{B}, {N}] from the tree (one row of logits per "
@@ -61,9 +59,7 @@ def _walk_levels(
 
 def _verify_greedy(tree: DraftTree, target_logits: torch.Tensor, num_levels: int) -> VerifyResult:
     best = target_logits.float().argmax(dim=-1)  # [B, N] target's greedy next token after each node
-    matches = tree.tokens == best.gather(
-        1, tree.parents.clamp(min=0)
-    )  # [B, N] node equals its parent's argmax
+    matches = tree.tokens == best.gather(1, tree.parents.clamp(min=0))  # [B, N] node equals its parent's argmax
     matches[:, 0] = False
 
     def choose(cur: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

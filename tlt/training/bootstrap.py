@@ -29,7 +29,7 @@ from tlt.training.sft import SFTDataModule, SFTModule, encode_examples
 
 
 def _tokenizer(cfg: RunConfig, texts: list[str], folder: Path):
-    """Train the tokenizer once per run folder and reuse it on resume (the model's vocabulary depends on it)."""
+    """Train the tokenizer once per run folder; reuse it on resume (the model's vocabulary depends on it)."""
     if (folder / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(folder)
     tokenizer = train_tokenizer(texts, cfg.model.vocab_size)
@@ -64,9 +64,15 @@ def run_bootstrap(cfg: RunConfig) -> dict:
     problems = [p for p in training_problems(mix, cfg.data.train_size, cfg.data.seed) if p.solution]
     prompts = [format_prompt(p.question) for p in problems]
     responses = [format_response(p.solution) for p in problems]
-    tokenizer = _tokenizer(cfg, [p + r for p, r in zip(prompts, responses)], out / "tokenizer")
-    model = build_model(cfg.model.preset, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id,
-                        tokenizer.pad_token_id, seed=cfg.model.seed)
+    tokenizer = _tokenizer(cfg, [p + r for p, r in zip(prompts, responses, strict=False)], out / "tokenizer")
+    model = build_model(
+        cfg.model.preset,
+        len(tokenizer),
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+        seed=cfg.model.seed,
+    )
     examples = encode_examples(prompts, responses, tokenizer, cfg.bootstrap.max_length)
     b = cfg.bootstrap
     epochs = -(-b.max_steps * b.batch_size * b.devices // max(1, len(examples))) + 1
@@ -79,8 +85,13 @@ def run_bootstrap(cfg: RunConfig) -> dict:
         return {}
     model = module.model.eval()
     save_hf_folder(model, tokenizer, out / "model")
-    report = evaluate(model, tokenizer, heldout_problems(mix, cfg.data.heldout_size, cfg.data.seed),
-                      cfg.eval.max_new_tokens, cfg.eval.batch_size)
+    report = evaluate(
+        model,
+        tokenizer,
+        heldout_problems(mix, cfg.data.heldout_size, cfg.data.seed),
+        cfg.eval.max_new_tokens,
+        cfg.eval.batch_size,
+    )
     card = {
         "preset": cfg.model.preset,
         "parameters": count_parameters(model),

@@ -54,9 +54,7 @@ def find_checkpoint(output_dir: str | Path) -> Path | None:
 
 
 def rng_state() -> dict:
-    cuda = (
-        torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    )
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {"python": random.getstate(), "torch": torch.get_rng_state(), "cuda": cuda}
 
 
@@ -115,9 +113,7 @@ def _swap_in(new: Path, path: Path) -> None:
 def config_changes(saved: RunConfig, cfg: RunConfig) -> list[str]:
     """Dotted keys whose values differ between the checkpoint's config and `cfg`, except RESUMABLE_CHANGES."""
     a, b = _flat(dataclasses.asdict(saved)), _flat(dataclasses.asdict(cfg))
-    return [
-        k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES)
-    ]
+    return [k for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and not k.startswith(RESUMABLE_CHANGES)]
 
 
 def _flat(tree: dict, prefix: str = "") -> dict:

@@ -57,9 +57,7 @@ def collect_sequences(
         chunk = prompts[start : start + batch_size]
         rollouts = engine.generate(chunk, sampling)
         padded = torch.nn.utils.rnn.pad_sequence([r.prompt_ids for r in rollouts], batch_first=True)  # [B, T]
-        prompt_hidden = model.model(
-            input_ids=padded
-        ).last_hidden_state  # [B, T, D], causal: padding is harmless
+        prompt_hidden = model.model(input_ids=padded).last_hidden_state  # [B, T, D], causal: padding is harmless
         for b, r in enumerate(rollouts):
             P = r.prompt_ids.numel()
             hidden = torch.cat([prompt_hidden[b, : P - 1], r.hidden_states], dim=0)  # [P - 1 + R, D]
@@ -81,9 +79,7 @@ def acceptance_length(
     """Greedy SD on every step; mean tokens per SD step and row (accepted drafts + 1 bonus token)."""
     max_seq_len = min(max(map(len, prompts)) + max_new_tokens, model.config.max_position_embeddings)
     tuner = FixedTuner(strategy, threshold=len(prompts))
-    engine = NativeEngine(
-        model, eos_token_id, max_seq_len, tuner=tuner, drafter=drafter, truncate_prompts="left"
-    )
+    engine = NativeEngine(model, eos_token_id, max_seq_len, tuner=tuner, drafter=drafter, truncate_prompts="left")
     engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=max_new_tokens))
     sd = [s for s in engine.step_stats if s.sd_on]
     rows = sum(s.running_batch for s in sd)

@@ -55,9 +55,7 @@ class DrafterBuffer:
         device: where samples are stored (a copy is always made, so no view keeps a forward batch alive).
     """
 
-    def __init__(
-        self, max_bytes: int, decay: float = 0.5, long_tokens: int = 256, seed: int = 0, device="cpu"
-    ):
+    def __init__(self, max_bytes: int, decay: float = 0.5, long_tokens: int = 256, seed: int = 0, device="cpu"):
         if max_bytes < 1:
             raise ValueError(f"DrafterBuffer.max_bytes must be >= 1, got {max_bytes}")
         if not 0 < decay <= 1:

@@ -14,9 +14,7 @@ class DrafterLossOutput:
     loss: torch.Tensor  # [] w_feature * feature + w_token * token
     feature: torch.Tensor  # [] masked mean SmoothL1 of the features
     token: torch.Tensor  # [] masked mean soft cross-entropy
-    top1: (
-        torch.Tensor
-    )  # [] masked fraction where argmax(head(h_pred)) == argmax(head(h_target)) (no gradient)
+    top1: torch.Tensor  # [] masked fraction where argmax(head(h_pred)) == argmax(head(h_target)) (no gradient)
 
 
 class EagleLoss(nn.Module):

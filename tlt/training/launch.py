@@ -36,9 +36,7 @@ class WorkerContext:
 NO_DEADLINE_COLLECTIVE_TIMEOUT_S = 3600.0
 
 
-def launch_cpu(
-    fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float | None = 120.0
-) -> list[Any]:
+def launch_cpu(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: float | None = 120.0) -> list[Any]:
     """Run `fn(ctx, *args)` in `world_size` spawned processes; return each rank's result, by rank.
 
     `fn` must be importable by the children (a module-level function). A child's exception is raised here

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import random
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 
 import lightning as L
 import torch
@@ -42,7 +42,7 @@ def encode_examples(prompts: list[str], responses: list[str], tokenizer, max_len
 
 
 def length_grouped_batches(lengths: list[int], batch_size: int, seed: int, group: int = 64) -> list[list[int]]:
-    """Shuffle, sort by length inside groups of `group` batches (less padding), shuffle the batches; seeded."""
+    """Shuffle, sort by length inside groups of `group` batches (less padding), shuffle batches; seeded."""
     rng = random.Random(seed)
     order = list(range(len(lengths)))
     rng.shuffle(order)
@@ -70,20 +70,30 @@ def collate(batch: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 class SFTDataModule(L.LightningDataModule):
-    """Length-grouped batches for `epochs` passes (a fresh seeded order per pass), sharded across DDP ranks."""
+    """Length-grouped batches for `epochs` passes (fresh seeded order per pass), sharded across DDP ranks."""
 
     def __init__(self, examples: list[SFTExample], batch_size: int, pad_id: int, seed: int, epochs: int):
         super().__init__()
-        self.examples, self.batch_size, self.pad_id, self.seed, self.epochs = examples, batch_size, pad_id, seed, epochs
+        self.examples, self.batch_size, self.pad_id, self.seed, self.epochs = (
+            examples,
+            batch_size,
+            pad_id,
+            seed,
+            epochs,
+        )
 
     def train_dataloader(self) -> DataLoader:
         lengths = [len(e.input_ids) for e in self.examples]
         batches = [
-            b for epoch in range(self.epochs) for b in length_grouped_batches(lengths, self.batch_size, self.seed + epoch)
+            b
+            for epoch in range(self.epochs)
+            for b in length_grouped_batches(lengths, self.batch_size, self.seed + epoch)
         ]
         rank, world = self.trainer.global_rank, self.trainer.world_size
         return DataLoader(
-            SFTDataset(self.examples), batch_sampler=batches[rank::world], collate_fn=partial(collate, pad_id=self.pad_id)
+            SFTDataset(self.examples),
+            batch_sampler=batches[rank::world],
+            collate_fn=partial(collate, pad_id=self.pad_id),
         )
 
 
@@ -93,7 +103,12 @@ class SFTModule(L.LightningModule):
     def __init__(self, model, lr: float, warmup_steps: int, max_steps: int, weight_decay: float):
         super().__init__()
         self.model = model
-        self.lr, self.warmup_steps, self.max_steps, self.weight_decay = lr, warmup_steps, max_steps, weight_decay
+        self.lr, self.warmup_steps, self.max_steps, self.weight_decay = (
+            lr,
+            warmup_steps,
+            max_steps,
+            weight_decay,
+        )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # [B, T, V]

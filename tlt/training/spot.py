@@ -97,9 +97,7 @@ class SpotWorker:
         self.stepper, self.store, self.scheduler = stepper, store, scheduler
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         if scheduler.num_workers != self.world_size:
-            raise ValueError(
-                f"scheduler has {scheduler.num_workers} workers, the process group {self.world_size}"
-            )
+            raise ValueError(f"scheduler has {scheduler.num_workers} workers, the process group {self.world_size}")
         self.step = 0  # RL steps run so far (the same on every rank)
 
     def run_step(self, rollout: Callable[[], Any]) -> SpotResult:
@@ -112,9 +110,7 @@ class SpotWorker:
         self._finish()
         error = self._train()
         if error is not None:
-            log.warning(
-                "rank %d: drafter micro-step failed, keeping the previous drafter:\n%s", self.rank, error
-            )
+            log.warning("rank %d: drafter micro-step failed, keeping the previous drafter:\n%s", self.rank, error)
             _unflatten_into(params, previous)
             self.stepper.reset()
         weights = self._agree(error is not None)

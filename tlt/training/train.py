@@ -276,9 +276,7 @@ def _totals(history: list[dict]) -> dict:
     def mean(key: str) -> float:
         return sum(m[key] for m in history) / len(history)
 
-    seconds = {
-        part: sum(m[f"{part}_seconds"] for m in history) for part in ("rollout", "train", "drafter", "push")
-    }
+    seconds = {part: sum(m[f"{part}_seconds"] for m in history) for part in ("rollout", "train", "drafter", "push")}
     sd_steps = [m["accept_length"] for m in history if m["accept_length"] > 0]
     return {
         "reward_first": history[0]["reward_mean"],

@@ -32,9 +32,7 @@ class PushError(RuntimeError):
     """A weight push was rejected; the engine still runs the previous version."""
 
 
-def push(
-    engine: NativeEngine, policy_state: Mapping[str, torch.Tensor], drafter: Drafter, version: int
-) -> None:
+def push(engine: NativeEngine, policy_state: Mapping[str, torch.Tensor], drafter: Drafter, version: int) -> None:
     """Install `policy_state` (HF names) and a copy of `drafter` in `engine`, both at `version`.
 
     The engine holds its target as `engine.model` (the native backend). Raises PushError, changing nothing.

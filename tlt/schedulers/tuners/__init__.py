@@ -7,7 +7,13 @@ Build one with `build_tuner(kind, strategies, seed, **options)`.
 from tlt.schedulers.tuners.bandits import DEFAULT_BUCKETS, BEGTuner, UCB1Tuner
 from tlt.schedulers.tuners.base import FixedTuner, OffTuner, StrategyTuner
 from tlt.schedulers.tuners.cost_model import CostModelTuner
-from tlt.schedulers.tuners.registry import TUNERS, build_tuner, parse_strategy_set, tuner_from_config, tuner_options
+from tlt.schedulers.tuners.registry import (
+    TUNERS,
+    build_tuner,
+    parse_strategy_set,
+    tuner_from_config,
+    tuner_options,
+)
 
 __all__ = [
     "DEFAULT_BUCKETS",

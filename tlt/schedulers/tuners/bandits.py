@@ -91,9 +91,7 @@ class BucketedBandit(StrategyTuner):
         check_int("window", window, minimum=1)
         self.bounds = parse_buckets(buckets)
         self.window = window
-        self.arms = _bucket_arms(
-            self.bounds, strategies, bucket_strategies
-        )  # per bucket: strategies + [None]
+        self.arms = _bucket_arms(self.bounds, strategies, bucket_strategies)  # per bucket: strategies + [None]
         self.stats = [[_ArmStats(window) for _ in arms] for arms in self.arms]
         self.rng = random.Random(seed)
 
@@ -109,9 +107,7 @@ class BucketedBandit(StrategyTuner):
                 return arm
         return self.arms[index][self._choose(stats)]
 
-    def update(
-        self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float
-    ) -> None:
+    def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_batch_size(batch_size)
         index = self.bucket_index(batch_size)
         check_step(strategy, self.arms[index], batch_size, generated_tokens, seconds)
@@ -235,9 +231,7 @@ class UCB1Tuner(BucketedBandit):
         bucket_strategies: Sequence[Sequence[SpecStrategy | str]] | None = None,
     ) -> None:
         if not (isinstance(exploration, int | float) and 0 <= exploration <= 10):
-            raise ValueError(
-                f"exploration must be a number in [0, 10] (UCB1 bonus scale), got {exploration!r}"
-            )
+            raise ValueError(f"exploration must be a number in [0, 10] (UCB1 bonus scale), got {exploration!r}")
         super().__init__(strategies, seed, buckets, window, bucket_strategies)
         self.exploration = float(exploration)
 
@@ -246,8 +240,7 @@ class UCB1Tuner(BucketedBandit):
         scale = max(means) if max(means) > 0 else 1.0
         log_total = math.log(sum(s.pulls for s in stats))
         scores = [
-            m / scale + self.exploration * math.sqrt(2 * log_total / s.pulls)
-            for m, s in zip(means, stats, strict=True)
+            m / scale + self.exploration * math.sqrt(2 * log_total / s.pulls) for m, s in zip(means, stats, strict=True)
         ]
         return scores.index(max(scores))
 

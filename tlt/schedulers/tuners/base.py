@@ -29,9 +29,7 @@ class StrategyTuner(ABC):
         """The strategy for the next decode step at this running batch size; None decodes plainly."""
 
     @abstractmethod
-    def update(
-        self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float
-    ) -> None:
+    def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         """Feed back one finished step: `generated_tokens` appended across the batch in `seconds`.
 
         Under SD that is accepted tokens + one bonus per row; under plain decoding (strategy None) it is
@@ -56,9 +54,7 @@ class OffTuner(StrategyTuner):
         check_batch_size(batch_size)
         return None
 
-    def update(
-        self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float
-    ) -> None:
+    def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_step(strategy, (None,), batch_size, generated_tokens, seconds)
 
     def state_dict(self) -> dict[str, Any]:
@@ -82,9 +78,7 @@ class FixedTuner(StrategyTuner):
         check_batch_size(batch_size)
         return self.strategy if batch_size <= self.threshold else None
 
-    def update(
-        self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float
-    ) -> None:
+    def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_step(strategy, (self.strategy, None), batch_size, generated_tokens, seconds)
 
     def state_dict(self) -> dict[str, Any]:
@@ -159,9 +153,7 @@ def check_batch_size(batch_size: int) -> None:
     check_int("batch_size", batch_size, minimum=1)
 
 
-def check_step(
-    strategy: Arm, arms: Sequence[Arm], batch_size: int, generated_tokens: int, seconds: float
-) -> None:
+def check_step(strategy: Arm, arms: Sequence[Arm], batch_size: int, generated_tokens: int, seconds: float) -> None:
     """Validate one update() call against the arms this tuner can have returned."""
     check_batch_size(batch_size)
     check_int("generated_tokens", generated_tokens, minimum=0)
@@ -177,17 +169,11 @@ def check_step(
 def check_state(state: dict[str, Any], kind: str, config: dict[str, Any]) -> None:
     """Raise a ValueError naming what differs when `state` comes from another tuner kind or config."""
     if not isinstance(state, dict) or "kind" not in state or "config" not in state:
-        raise ValueError(
-            f"not a tuner state_dict (expected a dict with 'kind' and 'config'), got {state!r:.200}"
-        )
+        raise ValueError(f"not a tuner state_dict (expected a dict with 'kind' and 'config'), got {state!r:.200}")
     if state["kind"] != kind:
-        raise ValueError(
-            f"tuner state was saved by a {state['kind']!r} tuner, cannot load it into a {kind!r} tuner"
-        )
+        raise ValueError(f"tuner state was saved by a {state['kind']!r} tuner, cannot load it into a {kind!r} tuner")
     saved = state["config"]
     diffs = [f"{k}: saved {saved.get(k)!r}, here {v!r}" for k, v in config.items() if saved.get(k) != v]
     diffs += [f"{k}: saved {saved[k]!r}, unknown here" for k in saved if k not in config]
     if diffs:
-        raise ValueError(
-            f"{kind!r} tuner state does not match this tuner's configuration: " + "; ".join(diffs)
-        )
+        raise ValueError(f"{kind!r} tuner state does not match this tuner's configuration: " + "; ".join(diffs))

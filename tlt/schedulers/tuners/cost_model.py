@@ -12,9 +12,9 @@ and plays the arm with the highest prediction, so SD turns off where plain decod
 Exploration keeps the estimates fresh: every arm is forced `min_pulls` times per power-of-two batch range
 ([1], [2-3], [4-7], ...), and an epsilon that decays as epsilon * decay / (decay + steps) down to
 `epsilon_min` plays a random other arm among those predicted at least `explore_ratio` times as fast as the
-best here (exploring an arm known to be 3x slower at this batch size only burns time). Acceptance samples older than `acceptance_horizon` tuner steps are
-dropped and an arm left with fewer than `min_pulls` fresh ones is forced again, so acceptance drift of the
-arms not being played is noticed too.
+best here (exploring an arm known to be 3x slower at this batch size only burns time). Acceptance samples
+older than `acceptance_horizon` tuner steps are dropped and an arm left with fewer than `min_pulls` fresh ones
+is forced again, so acceptance drift of the arms not being played is noticed too.
 """
 
 from __future__ import annotations
@@ -163,9 +163,7 @@ class CostModelTuner(StrategyTuner):
         if not (isinstance(explore_ratio, int | float) and 0 <= explore_ratio <= 1):
             raise ValueError(f"explore_ratio must be a number in [0, 1], got {explore_ratio!r}")
         if epsilon_min > epsilon:
-            raise ValueError(
-                f"epsilon_min must be <= epsilon, got epsilon_min={epsilon_min}, epsilon={epsilon}"
-            )
+            raise ValueError(f"epsilon_min must be <= epsilon, got epsilon_min={epsilon_min}, epsilon={epsilon}")
         self.options = {
             "window": window,
             "acceptance_window": acceptance_window,
@@ -178,9 +176,7 @@ class CostModelTuner(StrategyTuner):
         }
         self.costs = [LinearCost(window) for _ in self.arms]
         self.acceptance = [RecentAcceptance(acceptance_window, acceptance_horizon) for _ in self.arms]
-        self.pulls_per_octave: list[list[int]] = [
-            [] for _ in self.arms
-        ]  # [arm][floor(log2 b)] lifetime pulls
+        self.pulls_per_octave: list[list[int]] = [[] for _ in self.arms]  # [arm][floor(log2 b)] lifetime pulls
         self.steps = 0
         self.rng = random.Random(seed)
 
@@ -231,9 +227,7 @@ class CostModelTuner(StrategyTuner):
                 return index
         return None
 
-    def update(
-        self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float
-    ) -> None:
+    def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_step(strategy, self.arms, batch_size, generated_tokens, seconds)
         index = self.arms.index(strategy)
         self.costs[index].push(batch_size, float(seconds))

@@ -18,9 +18,7 @@ def parse_strategy_set(spec: str | Sequence[str | SpecStrategy]) -> tuple[SpecSt
     if isinstance(spec, str) and not spec.strip():
         items = []
     if any(isinstance(s, str) and not s for s in items):
-        raise ValueError(
-            f"empty entry in strategy set {spec!r}: write e.g. '4_1_5,2_1_3' without stray commas"
-        )
+        raise ValueError(f"empty entry in strategy set {spec!r}: write e.g. '4_1_5,2_1_3' without stray commas")
     strategies = tuple(SpecStrategy.parse(s) for s in items)
     if len(set(strategies)) != len(strategies):
         raise ValueError(f"strategy set {spec!r} lists a strategy twice: {[str(s) for s in strategies]}")
@@ -72,9 +70,7 @@ def build_tuner(
     _, build = _lookup(kind)
     unknown = sorted(set(options) - set(tuner_options(kind)))
     if unknown:
-        raise ValueError(
-            f"unknown option(s) {unknown} for tuner {kind!r}; it accepts {list(tuner_options(kind))}"
-        )
+        raise ValueError(f"unknown option(s) {unknown} for tuner {kind!r}; it accepts {list(tuner_options(kind))}")
     return build(parse_strategy_set(strategies), seed, **options)
 
 
