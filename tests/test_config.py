@@ -4,7 +4,18 @@ import pytest
 
 from tlt.config import ConfigError, RunConfig, load_config, to_yaml
 
-CONFIGS = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+ALL_YAML = sorted((Path(__file__).parents[1] / "configs").glob("*.yaml"))
+
+
+def _is_grid(path: Path) -> bool:
+    """A `tlt sweep` grid file (top-level `grid:` key), not a RunConfig."""
+    import yaml
+
+    return "grid" in (yaml.safe_load(path.read_text()) or {})
+
+
+CONFIGS = [p for p in ALL_YAML if not _is_grid(p)]
+GRIDS = [p for p in ALL_YAML if _is_grid(p)]
 
 
 def test_defaults_are_valid():
@@ -64,6 +75,16 @@ def test_missing_config_file(tmp_path):
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_shipped_config_parses(path):
     assert isinstance(load_config(path), RunConfig)
+
+
+@pytest.mark.parametrize("path", GRIDS, ids=[p.name for p in GRIDS])
+def test_every_shipped_grid_expands_and_validates(path):
+    from tlt.sweep import load_grid, validate
+
+    grid = load_grid(path)
+    configs = validate(grid)
+    assert len(configs) == len(grid.cells) > 0
+    assert all(isinstance(cfg, RunConfig) for cfg in configs.values())
 
 
 def test_configs_exist():

@@ -1,4 +1,4 @@
-"""The `tlt` command: `tlt bootstrap`, `tlt evaluate`, `tlt train-drafter`, `tlt train`, `tlt parity`."""
+"""The `tlt` command: `tlt bootstrap`, `tlt evaluate`, `tlt train-drafter`, `tlt train`, `tlt sweep`, `tlt parity`."""
 
 from __future__ import annotations
 
@@ -79,6 +79,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = run_train(_config(args, args.overrides + chosen))
     if summary is not None:  # None: a rank other than 0 of a torchrun job
         print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from tlt.sweep import load_grid, run_sweep
+
+    grid = load_grid(args.grid, args.output_dir, args.overrides)
+    rows = run_sweep(grid, dry_run=args.dry_run)
+    failed = [row["cell"] for row in rows if row["status"] == "failed"]
+    if not args.dry_run:
+        print(f"[tlt] sweep results: {grid.output_dir / 'sweep.md'} (and sweep.csv, sweep.png)")
+    if failed:
+        print(f"tlt sweep: error: {len(failed)} cell(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -171,6 +185,13 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     )
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. grpo.steps=50")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("sweep", help="run a grid of `tlt train` cells (ablations) and tabulate them (resumable)")
+    p.add_argument("grid", help="grid YAML file (e.g. configs/ablation.yaml; see tlt/sweep.py)")
+    p.add_argument("--output-dir", help="sweep folder (default: the grid's output_dir); cells go in <dir>/<cell>/")
+    p.add_argument("--dry-run", action="store_true", help="validate every cell and list the plan; run nothing")
+    p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every cell")
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("parity", help="two models, or SD off vs on, on the same lm-eval tasks (needs tlt[eval])")
     p.add_argument("model_a", help="HF model folder (side A)")

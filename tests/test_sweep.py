@@ -1,0 +1,214 @@
+"""`tlt sweep`: grid expansion, up-front validation, resume, failure recording and result files (fake runner)."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from tlt.cli import parse_args
+from tlt.config import ConfigError, RunConfig
+from tlt.sweep import expand, load_grid, run_sweep, slug, validate
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+
+GRID = """\
+base: {base}
+output_dir: {out}
+overrides: [grpo.steps=2]
+grid:
+  product:
+    speculative.tuner: [fixed, cost]
+    drafter.kind: [eagle, ngram]
+  cells:
+    - name: baseline
+      overrides: [speculative.enabled=false, scheduler.policy=never]
+"""
+
+
+def _grid(tmp_path: Path, text: str = GRID, out: str = "sweep") -> Path:
+    (tmp_path / "base.yaml").write_text("speculative:\n  strategies: ['3_1_4']\nscheduler:\n  policy: never\n")
+    path = tmp_path / "grid.yaml"
+    path.write_text(text.format(base="base.yaml", out=tmp_path / out))
+    return path
+
+
+class FakeRunner:
+    """Writes a summary.json like run_train's; `fail` names cells that raise."""
+
+    def __init__(self, fail: tuple[str, ...] = ()):
+        self.fail, self.ran = fail, []
+
+    def __call__(self, cfg: RunConfig) -> dict:
+        out = Path(cfg.output_dir)
+        self.ran.append(out.name)
+        if out.name in self.fail:
+            raise RuntimeError(f"boom in {out.name}")
+        summary = {
+            "reward_last": 0.5,
+            "accuracy_last": 0.25,
+            "accept_length_mean": 2.0 if cfg.speculative.enabled else 0.0,
+            "sd_token_share_mean": 0.5,
+            "step_seconds_mean": 1.5,
+            "seconds": {"rollout": 1.0, "train": 1.0, "drafter": 0.5, "push": 0.0, "total": 2.5},
+        }
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+
+def test_expansion_product_and_explicit_with_stable_names(tmp_path):
+    grid = load_grid(_grid(tmp_path))
+    assert [c.name for c in grid.cells] == [
+        "baseline",
+        "speculative.tuner-fixed_drafter.kind-eagle",
+        "speculative.tuner-fixed_drafter.kind-ngram",
+        "speculative.tuner-cost_drafter.kind-eagle",
+        "speculative.tuner-cost_drafter.kind-ngram",
+    ]
+    assert grid.cells[3].overrides == ("speculative.tuner=cost", "drafter.kind=eagle")
+    assert load_grid(_grid(tmp_path)).cells == grid.cells  # stable
+    configs = validate(grid)
+    cfg = configs["speculative.tuner-cost_drafter.kind-ngram"]
+    assert (cfg.speculative.tuner, cfg.drafter.kind, cfg.grpo.steps) == ("cost", "ngram", 2)
+    assert cfg.output_dir == str(tmp_path / "sweep" / "speculative.tuner-cost_drafter.kind-ngram")
+    assert configs["baseline"].speculative.enabled is False
+
+
+def test_slug_is_filesystem_safe():
+    assert slug("speculative.tuner=cost,drafter.kind=eagle") == "speculative.tuner-cost_drafter.kind-eagle"
+    assert slug("speculative.strategies=['3_1_4', '2_1_3']") == "speculative.strategies-3_1_4-2_1_3"
+    assert "/" not in slug("output_dir=/etc/x") and " " not in slug("a b")
+
+
+def test_product_only_and_list_values(tmp_path):
+    cells = expand({"product": {"speculative.strategies": [["3_1_4"], ["2_1_3"]]}})
+    assert [c.overrides for c in cells] == [
+        ('speculative.strategies=["3_1_4"]',),
+        ('speculative.strategies=["2_1_3"]',),
+    ]
+    assert [c.name for c in cells] == ["speculative.strategies-3_1_4", "speculative.strategies-2_1_3"]
+    with pytest.raises(ConfigError, match="duplicate"):
+        expand({"cells": [{"name": "a"}, {"name": "a"}]})
+    with pytest.raises(ConfigError, match="'product' and/or 'cells'"):
+        expand({})
+
+
+def test_unknown_key_fails_up_front_naming_the_cell(tmp_path):
+    text = GRID + "    - name: broken\n      overrides: [rollout.nope=1]\n"
+    runner = FakeRunner()
+    with pytest.raises(ConfigError, match=r"sweep cell 'broken': unknown config key 'rollout.nope'"):
+        run_sweep(load_grid(_grid(tmp_path, text)), runner, check_paths=False)
+    assert runner.ran == []  # nothing ran
+    text = GRID + "    - name: ngram_online\n      overrides: [drafter.kind=ngram, scheduler.policy=spot]\n"
+    with pytest.raises(ConfigError, match=r"sweep cell 'ngram_online': scheduler.policy: online drafter"):
+        validate(load_grid(_grid(tmp_path, text)))
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_resume_skips_finished_and_failure_is_recorded(tmp_path):
+    grid = load_grid(_grid(tmp_path))
+    first = FakeRunner(fail=("speculative.tuner-fixed_drafter.kind-ngram",))
+    rows = run_sweep(grid, first, check_paths=False, log=lambda _: None)
+    assert first.ran == [c.name for c in grid.cells]  # the failure did not stop the sweep
+    status = {r["cell"]: r["status"] for r in rows}
+    assert status["speculative.tuner-fixed_drafter.kind-ngram"] == "failed"
+    assert list(status.values()).count("done") == 4
+    failed = next(r for r in rows if r["status"] == "failed")
+    assert "RuntimeError: boom in" in failed["error"]
+
+    second = FakeRunner()
+    rows = run_sweep(grid, second, check_paths=False, log=lambda _: None)
+    assert second.ran == ["speculative.tuner-fixed_drafter.kind-ngram"]  # only the unfinished cell reruns
+    assert [r["status"] for r in rows].count("skipped") == 4
+
+    out = tmp_path / "sweep"
+    table = list(csv.DictReader((out / "sweep.csv").open()))
+    assert [r["cell"] for r in table] == [c.name for c in grid.cells]
+    assert table[0]["overrides"] == "speculative.enabled=false scheduler.policy=never"
+    assert float(table[1]["step_seconds_mean"]) == 1.5 and float(table[1]["seconds.total"]) == 2.5
+    md = (out / "sweep.md").read_text()
+    assert "| cell | status |" in md and "| baseline | skipped |" in md
+    assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_dry_run_runs_and_writes_nothing(tmp_path):
+    runner = FakeRunner()
+    rows = run_sweep(load_grid(_grid(tmp_path)), runner, dry_run=True, log=lambda _: None)
+    assert {r["status"] for r in rows} == {"planned"} and runner.ran == []
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_missing_model_path_fails_up_front(tmp_path):
+    grid = load_grid(_grid(tmp_path), extra=[f"model.path={tmp_path / 'absent'}"])
+    with pytest.raises(ConfigError, match="sweep cell 'baseline': model.path"):
+        run_sweep(grid, FakeRunner())
+
+
+def test_cli_parses_sweep():
+    args = parse_args(["sweep", "g.yaml", "grpo.steps=1", "--dry-run", "--output-dir", "x"])
+    assert (args.command, args.grid, args.dry_run, args.output_dir, args.overrides) == (
+        "sweep",
+        "g.yaml",
+        True,
+        "x",
+        ["grpo.steps=1"],
+    )
+
+
+def test_ablation_cells():
+    configs = validate(load_grid(CONFIGS / "ablation.yaml"))
+    assert list(configs) == [
+        "baseline",
+        "sd_frozen",
+        "sd_adaptive_drafter",
+        "tlt_full",
+        "drafter_ngram",
+        "drafter_small_lm",
+    ]
+    assert configs["baseline"].speculative.enabled is False
+    frozen, adaptive, full = configs["sd_frozen"], configs["sd_adaptive_drafter"], configs["tlt_full"]
+    assert (frozen.scheduler.policy, frozen.speculative.tuner, frozen.speculative.strategies) == (
+        "never",
+        "fixed",
+        ["3_1_4"],
+    )
+    assert (adaptive.scheduler.policy, adaptive.speculative.tuner) == ("spot", "fixed")
+    assert (full.scheduler.policy, full.speculative.tuner, full.drafter.kind) == ("spot", "cost", "eagle")
+    assert configs["drafter_small_lm"].drafter.kind == "small_lm"
+    assert all(cfg.grpo.steps == 6 for cfg in configs.values())
+
+
+def test_end_to_end_tiny_sweep(tmp_path):
+    """`tlt sweep` on a random test-preset policy: two real 1-step cells, then a resume that skips both."""
+    import torch
+
+    from tests.training.test_train_cli import CONFIG
+    from tlt.cli import main
+    from tlt.config import load_config
+    from tlt.data.prompts import format_prompt
+    from tlt.data.splits import task_mix, training_problems
+    from tlt.models.io import save_hf_folder
+    from tlt.models.presets import build_model
+    from tlt.models.tokenizer import train_tokenizer
+
+    torch.set_num_threads(1)
+    data = load_config(None, ["data.max_difficulty=3"]).data
+    texts = [format_prompt(p.question) + p.solution for p in training_problems(task_mix(data), 32, seed=0)]
+    tok = train_tokenizer(texts, vocab_size=300)
+    model = build_model("test", len(tok), tok.bos_token_id, tok.eos_token_id, tok.pad_token_id, seed=0)
+    save_hf_folder(model, tok, tmp_path / "model")
+    (tmp_path / "base.yaml").write_text(CONFIG.format(model=tmp_path / "model"))
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(
+        "base: base.yaml\noutput_dir: sweep\noverrides: [grpo.steps=1, scheduler.policy=never]\n"
+        "grid:\n  cells:\n    - name: plain\n      overrides: [speculative.enabled=false, scheduler.policy=never]\n"
+        "  product:\n    drafter.kind: [ngram]\n"
+    )
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(grid), "--output-dir", str(out)]) == 0
+    rows = list(csv.DictReader((out / "sweep.csv").open()))
+    assert [(r["cell"], r["status"]) for r in rows] == [("plain", "done"), ("drafter.kind-ngram", "done")]
+    assert float(rows[0]["accept_length_mean"]) == 0 and float(rows[1]["step_seconds_mean"]) > 0
+    assert main(["sweep", str(grid), "--output-dir", str(out)]) == 0
+    assert {r["status"] for r in csv.DictReader((out / "sweep.csv").open())} == {"skipped"}

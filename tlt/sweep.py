@@ -1,0 +1,304 @@
+"""`tlt sweep GRID.yaml`: run a grid of `tlt train` cells (ablations) and tabulate their summaries.
+
+A grid file::
+
+    base: tlt.yaml                 # run config, relative to the grid file
+    output_dir: runs/ablation      # each cell trains into <output_dir>/<cell>/
+    overrides: [grpo.steps=6]      # optional: key=value applied to every cell
+    grid:
+      product:                     # optional: the cartesian product of these values
+        speculative.tuner: [fixed, cost]
+        drafter.kind: [eagle, ngram]
+      cells:                       # optional: explicit cells (listed before the product's)
+        - name: baseline
+          base: baseline.yaml      # optional: this cell's own base config
+          overrides: [speculative.enabled=false]
+
+A product cell is named after its key=value pairs as a filesystem-safe slug
+(`speculative.tuner=cost,drafter.kind=eagle` -> `speculative.tuner-cost_drafter.kind-eagle`). Every cell's
+config is built and validated before anything runs: a bad key in any cell stops the whole sweep naming
+that cell. A cell whose folder holds summary.json is skipped (so a sweep resumes; a cell with a checkpoint
+but no summary resumes training, as `tlt train` does); a cell that raises is recorded with its error and
+the sweep goes on. After every cell `<output_dir>/sweep.csv`, `sweep.md` and `sweep.png` (step time per
+cell) are rewritten atomically.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tlt.config import ConfigError, RunConfig, load_config
+from tlt.models.io import atomic_write_text
+
+SUMMARY_FIELDS = (
+    "reward_last",
+    "accuracy_last",
+    "accept_length_mean",
+    "sd_token_share_mean",
+    "step_seconds_mean",
+    "seconds.rollout",
+    "seconds.train",
+    "seconds.drafter",
+    "seconds.push",
+    "seconds.total",
+)
+COLUMNS = ("cell", "status", "overrides", *SUMMARY_FIELDS, "error")
+_GRID_KEYS = {"base", "output_dir", "overrides", "grid"}
+_CELL_KEYS = {"name", "base", "overrides"}
+
+Runner = Callable[[RunConfig], dict | None]
+
+
+@dataclass(frozen=True)
+class Cell:
+    name: str
+    overrides: tuple[str, ...]
+    base: Path | None = None  # None: the grid's base
+
+
+@dataclass(frozen=True)
+class Grid:
+    base: Path
+    output_dir: Path
+    overrides: tuple[str, ...]
+    cells: tuple[Cell, ...]
+
+    def cell_dir(self, cell: Cell) -> Path:
+        return self.output_dir / cell.name
+
+
+def slug(text: str) -> str:
+    """A filesystem-safe, stable name: `a.b=c,d=['3_1_4']` -> `a.b-c_d-3_1_4`."""
+    text = text.replace("=", "-").replace(",", "_")
+    text = re.sub(r"[^A-Za-z0-9._-]+", "-", text)
+    text = re.sub(r"[-_]{2,}", lambda m: m.group(0)[0], text).strip("-_.")
+    return text
+
+
+def _value(v: object) -> str:
+    """A YAML value as the right-hand side of a key=value override."""
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def _overrides(raw: object, where: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(o, str) for o in raw):
+        raise ConfigError(f"{where}: expected a list of key=value strings, got {raw!r}")
+    bad = [o for o in raw if "=" not in o]
+    if bad:
+        raise ConfigError(f"{where}: override {bad[0]!r} is not of the form key=value")
+    return tuple(raw)
+
+
+def expand(spec: dict, root: Path = Path(".")) -> tuple[Cell, ...]:
+    """The named cells of a grid file's `grid:` section (explicit cells first, then the product)."""
+    if not isinstance(spec, dict) or not spec.keys() & {"product", "cells"}:
+        raise ConfigError("grid: expected a mapping with 'product' and/or 'cells'")
+    unknown = set(spec) - {"product", "cells"}
+    if unknown:
+        raise ConfigError(f"grid: unknown key(s) {sorted(unknown)}; allowed: product, cells")
+    cells: list[Cell] = []
+    for i, raw in enumerate(spec.get("cells") or []):
+        if not isinstance(raw, dict) or "name" not in raw:
+            raise ConfigError(f"grid.cells[{i}]: expected a mapping with a 'name', got {raw!r}")
+        if set(raw) - _CELL_KEYS:
+            raise ConfigError(f"grid.cells[{i}]: unknown key(s) {sorted(set(raw) - _CELL_KEYS)}")
+        name = slug(str(raw["name"]))
+        if not name:
+            raise ConfigError(f"grid.cells[{i}]: empty name")
+        base = root / raw["base"] if raw.get("base") else None
+        cells.append(Cell(name, _overrides(raw.get("overrides"), f"cell {name!r}"), base))
+    product = spec.get("product") or {}
+    if not isinstance(product, dict):
+        raise ConfigError(f"grid.product: expected a mapping key: [values], got {product!r}")
+    for key, values in product.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"grid.product.{key}: expected a non-empty list of values, got {values!r}")
+    for combo in itertools.product(*product.values()) if product else ():
+        overrides = tuple(f"{k}={_value(v)}" for k, v in zip(product, combo, strict=True))
+        cells.append(Cell(slug(",".join(overrides)), overrides))
+    names = [c.name for c in cells]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"grid: duplicate cell name(s) {dupes}")
+    return tuple(cells)
+
+
+def load_grid(path: str | Path, output_dir: str | Path | None = None, extra: list[str] = ()) -> Grid:
+    """Parse a grid file; `output_dir` and `extra` overrides (applied last, to every cell) from the CLI."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"grid file not found: {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, dict) or "grid" not in raw or "base" not in raw:
+        raise ConfigError(f"{path}: a grid file needs 'base' and 'grid' keys")
+    unknown = set(raw) - _GRID_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_GRID_KEYS)}")
+    out = output_dir or raw.get("output_dir") or f"runs/sweep-{path.stem}"
+    overrides = _overrides(raw.get("overrides"), "overrides") + _overrides(list(extra), "command-line overrides")
+    return Grid(path.parent / raw["base"], Path(out), overrides, expand(raw["grid"], path.parent))
+
+
+def cell_config(grid: Grid, cell: Cell) -> RunConfig:
+    """The cell's validated run config (output_dir set to its folder); ConfigError names the cell."""
+    from tlt.training.rl_loop import check_rl_config
+
+    try:
+        overrides = [*grid.overrides, *cell.overrides, f"output_dir={grid.cell_dir(cell)}"]
+        cfg = load_config(cell.base or grid.base, overrides)
+        check_rl_config(cfg)
+        online = cfg.speculative.enabled and cfg.scheduler.policy != "never"
+        if online and not cfg.drafter.path and cfg.drafter.kind != "eagle":  # RLTrainer's check, made up front
+            raise ConfigError(
+                f"scheduler.policy: online drafter training needs an EAGLE drafter, got {cfg.drafter.kind!r}; "
+                "set scheduler.policy=never to keep it frozen"
+            )
+    except ConfigError as err:
+        raise ConfigError(f"sweep cell {cell.name!r}: {err}") from None
+    return cfg
+
+
+def validate(grid: Grid) -> dict[str, RunConfig]:
+    """Every cell's config, or ConfigError for the first bad cell."""
+    return {cell.name: cell_config(grid, cell) for cell in grid.cells}
+
+
+def _flatten(summary: dict) -> dict:
+    flat = {k: summary.get(k) for k in SUMMARY_FIELDS if "." not in k}
+    flat |= {f"seconds.{k}": v for k, v in (summary.get("seconds") or {}).items() if f"seconds.{k}" in SUMMARY_FIELDS}
+    return flat
+
+
+def _read_summary(folder: Path) -> dict | None:
+    path = folder / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _default_runner(cfg: RunConfig) -> dict | None:
+    from tlt.training.train import run_train
+
+    return run_train(cfg)
+
+
+def run_sweep(
+    grid: Grid,
+    runner: Runner | None = None,
+    dry_run: bool = False,
+    check_paths: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[dict]:
+    """Validate every cell, then run (or with `dry_run` only list) them; returns one result row per cell.
+
+    `runner` trains one cell's config (default `run_train`); `check_paths` also requires every cell's
+    model.path up front (a dry run only warns)."""
+    configs = validate(grid)
+    if check_paths:
+        from tlt.training.train import _check_model_path
+
+        paths = {}
+        for name, cfg in configs.items():
+            paths.setdefault(cfg.model.path, (name, cfg))  # one check (and warning) per distinct model.path
+        for name, cfg in paths.values():
+            try:
+                _check_model_path(cfg)
+            except (ConfigError, FileNotFoundError) as err:
+                if not dry_run:
+                    raise ConfigError(f"sweep cell {name!r}: {err}") from None
+                log(f"[tlt sweep] warning: cell {name!r}: {err}")
+    runner = runner or _default_runner
+    rows: list[dict] = []
+    for i, cell in enumerate(grid.cells, 1):
+        folder = grid.cell_dir(cell)
+        row = {"cell": cell.name, "overrides": " ".join(cell.overrides), "error": ""}
+        done = _read_summary(folder)
+        if done is not None:
+            row |= {"status": "skipped"} | _flatten(done)
+        elif dry_run:
+            row["status"] = "planned"
+        else:
+            log(f"[tlt sweep] cell {i}/{len(grid.cells)}: {cell.name} -> {folder}")
+            try:
+                summary = runner(configs[cell.name])
+                summary = _read_summary(folder) or summary or {}
+                row |= {"status": "done"} | _flatten(summary)
+            except Exception as err:  # noqa: BLE001 - a failing cell is recorded; the sweep goes on
+                row |= {"status": "failed", "error": f"{type(err).__name__}: {err}"}
+                log(f"[tlt sweep] cell {cell.name} failed: {row['error']}")
+        rows.append(row)
+        if dry_run:
+            log(f"[tlt sweep] {row['status']:8} {cell.name}: {row['overrides'] or '(base)'}")
+        else:
+            write_results(rows, grid.output_dir)
+    return rows
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return ""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS} for row in rows)
+    return buf.getvalue()
+
+
+def to_markdown(rows: list[dict]) -> str:
+    cols = [c for c in COLUMNS if c != "overrides"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        cells = [_fmt(row.get(c)).replace("|", "\\|").replace("\n", " ") for c in cols]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Overrides per cell:", ""]
+    lines += [f"- `{row['cell']}`: `{row['overrides'] or '(base)'}`" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def plot_step_time(rows: list[dict], path: Path) -> None:
+    """Bar chart of the mean RL step time per cell (0 where a cell has no summary), written atomically."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [row["cell"] for row in rows]
+    seconds = [row.get("step_seconds_mean") or 0.0 for row in rows]
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(rows)), 4))
+    ax.bar(range(len(rows)), seconds)
+    ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
+    ax.set(ylabel="seconds", title="mean RL step time per cell")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_results(rows: list[dict], out: Path) -> None:
+    out = Path(out)
+    atomic_write_text(out / "sweep.csv", to_csv(rows))
+    atomic_write_text(out / "sweep.md", to_markdown(rows))
+    plot_step_time(rows, out / "sweep.png")
