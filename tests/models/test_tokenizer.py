@@ -1,7 +1,12 @@
-from hypothesis import given, settings
+import unicodedata
+
+import pytest
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
+from tlt.models.io import save_hf_folder
+from tlt.models.presets import build_model
 from tlt.models.tokenizer import train_tokenizer
 
 CORPUS = [
@@ -14,7 +19,23 @@ TOKENIZER = train_tokenizer(CORPUS, vocab_size=320)
 @settings(max_examples=200, deadline=None)
 @given(st.text())
 def test_round_trip_arbitrary_unicode(text):
-    assert TOKENIZER.decode(TOKENIZER.encode(text)) == text
+    nfc = unicodedata.normalize("NFC", text)  # Qwen2's normalizer: text comes back in NFC
+    assert TOKENIZER.decode(TOKENIZER.encode(text)) == nfc
+    assert TOKENIZER.decode(TOKENIZER.encode(nfc)) == nfc
+
+
+@pytest.fixture(scope="module")
+def loaded_from_model_folder(tmp_path_factory):
+    """The tokenizer as `tlt train`, lm-eval and vLLM see it: AutoTokenizer on a saved Qwen2 model folder."""
+    folder = tmp_path_factory.mktemp("model")
+    save_hf_folder(build_model("test", len(TOKENIZER)), TOKENIZER, folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.text() | st.sampled_from(CORPUS))
+def test_model_folder_loader_encodes_like_the_trained_tokenizer(loaded_from_model_folder, text):
+    assert loaded_from_model_folder.encode(text) == TOKENIZER.encode(text)
 
 
 def test_digits_are_single_tokens():
@@ -33,7 +54,5 @@ def test_special_tokens_and_save_load(tmp_path):
 
 
 def test_vocab_too_small_is_rejected():
-    import pytest
-
     with pytest.raises(ValueError, match="vocab_size"):
         train_tokenizer(CORPUS, vocab_size=100)
