@@ -25,18 +25,19 @@ def _config(args: argparse.Namespace, extra: list[str], base: list[str] | tuple[
 
 def cmd_bootstrap(args: argparse.Namespace) -> int:
     from tlt.models.presets import BOOTSTRAP_DEFAULTS
-    from tlt.training.bootstrap import run_bootstrap
+    from tlt.training.bootstrap import bootstrap_folder, run_bootstrap
 
     chosen = [f"model.preset={args.preset}"] if args.preset else []
     cfg = _config(args, chosen + args.overrides, BOOTSTRAP_DEFAULTS.get(args.preset, ()))
     if args.output_dir:
-        cfg.output_dir = args.output_dir
-    elif cfg.output_dir == "runs/default":
+        cfg.output_dir, cfg.model.path = args.output_dir, None
+    elif cfg.output_dir == "runs/default" and cfg.model.path is None:
         cfg.output_dir = f"runs/bootstrap-{cfg.model.preset}"
-    card_path = Path(cfg.output_dir) / "card.json"
+    folder = bootstrap_folder(cfg)
+    card_path = folder / "card.json"
     if card_path.is_file() and not args.force:
         card = json.loads(card_path.read_text())
-        print(f"[tlt] {cfg.output_dir} already holds a bootstrapped model (card.json); use --force to redo it")
+        print(f"[tlt] {folder} already holds a bootstrapped model (card.json); use --force to redo it")
     else:
         card = run_bootstrap(cfg)
     if card:

@@ -46,9 +46,9 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     families: list[str] = field(default_factory=lambda: ["chain_sum", "basic_arithmetic", "products"])
-    weights: list[float] = field(default_factory=lambda: [0.5, 0.3, 0.2])  # sampling weight per family
-    max_difficulty: int = 12  # difficulty levels 1..max_difficulty
-    difficulty_decay: float = 0.55  # P(d) ~ decay^(d-1): most problems easy, a long tail of hard ones
+    weights: list[float] = field(default_factory=lambda: [0.6, 0.25, 0.15])  # sampling weight per family
+    max_difficulty: int = 16  # difficulty levels 1..max_difficulty (level d: d + 2 terms)
+    difficulty_decay: float = 0.7  # P(d) ~ decay^(d-1): most problems easy, a long tail of hard ones
     train_size: int = 20000  # problems for supervised bootstrap / RL prompts
     heldout_size: int = 256  # disjoint held-out problems for evaluation
     jsonl: list[str] = field(default_factory=list)  # extra local GSM8K/MATH-format JSONL files
@@ -89,9 +89,9 @@ class BootstrapConfig:
     """Supervised fine-tuning of the base policy on generated step-by-step solutions."""
 
     max_steps: int = 1500
-    batch_size: int = 32
-    lr: float = 3e-3
-    warmup_steps: int = 50
+    batch_size: int = 8  # per process; tiny models learn these tasks in fewer examples with many small steps
+    lr: float = 1e-3
+    warmup_steps: int = 30
     weight_decay: float = 0.01
     max_length: int = 384  # prompt + response tokens; longer training examples are dropped
     devices: int = 1  # CPU processes (DDP over gloo when > 1)
@@ -316,9 +316,15 @@ class TrainConfig:
     tensorboard: bool = True  # also log per-step metrics to <output_dir>/tensorboard (CSV is always written)
     device: str = "auto"  # auto (cuda when available, else cpu), cpu, cuda
     devices: int = 1  # processes (ranks), one rollout engine each; CPU: spawned by `tlt train`; else torchrun
+    bootstrap_if_missing: bool = False  # model.path missing: bootstrap it first (`tlt bootstrap` on this config)
+    compare_baseline: bool = False  # then run the same RL with TLT off in <output_dir>/baseline and compare
+    warmup_steps: int = 1  # first steps left out of the step-time comparison (engine and allocator warm-up)
+    heldout_eval: int = 256  # held-out problems the comparison evaluates base and final policies on (0: none)
 
     def __post_init__(self) -> None:
         _check_choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        _check(self.warmup_steps >= 0, "train.warmup_steps", "an integer >= 0", self.warmup_steps)
+        _check(self.heldout_eval >= 0, "train.heldout_eval", "an integer >= 0", self.heldout_eval)
         _check(self.devices >= 1, "train.devices", "an integer >= 1", self.devices)
         _check(self.checkpoint_every >= 1, "train.checkpoint_every", "an integer >= 1", self.checkpoint_every)
 

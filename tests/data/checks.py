@@ -28,8 +28,8 @@ def check_solution(solution: str, answer: str, question_expression: str | None =
     assert last == f"The answer is \\boxed{{{answer}}}.", last
     value = evaluate(question_expression) if question_expression else None
     for line in lines:
-        if line.startswith("= "):  # "= <expression>": equal to the previous line's value
-            new = evaluate(line[2:])
+        if line.startswith("="):  # "=<expression>": equal to the previous line's value
+            new = evaluate(line[1:])
             assert value is not None and new == value, (line, value)
         else:  # "A = B"
             left, right = line.split(" = ")

@@ -7,43 +7,21 @@ from hypothesis import strategies as st
 from tlt.data.solutions import (
     arithmetic_solution,
     arithmetic_steps,
-    chain_sum_solution,
     cot_solution,
-    products_solution,
     tokenize,
 )
 
 from .checks import check_solution, evaluate
 
 
-def test_chain_sum_running_total_one_line_per_term():
-    assert chain_sum_solution([12, 7, 4], ["+", "-"]) == "12 + 7 = 19\n19 - 4 = 15\nThe answer is \\boxed{15}."
-    assert chain_sum_solution([3, 9], ["-"]) == "3 - 9 = -6\nThe answer is \\boxed{-6}."
+def test_chain_sum_restates_the_rest_after_each_addition():
+    assert arithmetic_solution("6 + 8 - 5 + 3") == "=14-5+3\n=9+3\n=12\nThe answer is \\boxed{12}."
+    assert arithmetic_solution("3 - 9") == "=-6\nThe answer is \\boxed{-6}."
 
 
-def test_chain_sum_rejects_mismatched_operators():
-    with pytest.raises(ValueError, match="operators"):
-        chain_sum_solution([1, 2, 3], ["+"])
-    with pytest.raises(ValueError, match="operators"):
-        chain_sum_solution([1, 2], ["*"])
-
-
-def test_products_long_multiplication_skips_zero_digits():
-    assert products_solution([347, 205]) == (
-        "347 * 5 = 1735\n347 * 200 = 69400\n1735 + 69400 = 71135\nThe answer is \\boxed{71135}."
-    )
-    assert products_solution([7, 8]) == "7 * 8 = 56\nThe answer is \\boxed{56}."
-    assert products_solution([12, 0, 5]) == "12 * 0 = 0\n0 * 5 = 0\nThe answer is \\boxed{0}."
-
-
-def test_products_negative_multiplier():
-    solution = products_solution([-13, -21])
-    assert solution == "-13 * -1 = 13\n-13 * -20 = 260\n13 + 260 = 273\nThe answer is \\boxed{273}."
-
-
-def test_products_needs_two_factors():
-    with pytest.raises(ValueError, match="two factors"):
-        products_solution([5])
+def test_products_multiply_left_to_right():
+    assert arithmetic_solution("7 * 8 * 2") == "=56*2\n=112\nThe answer is \\boxed{112}."
+    assert arithmetic_solution("3 * 0 * 5") == "=0*5\n=0\nThe answer is \\boxed{0}."
 
 
 def test_tokenize_unary_minus_and_negated_groups():
@@ -55,9 +33,9 @@ def test_tokenize_unary_minus_and_negated_groups():
 
 def test_arithmetic_one_reduction_per_line_groups_first_then_precedence():
     assert arithmetic_solution("3 + 4 * 5 - ( 6 - 8 )") == (
-        "= 3 + 4 * 5 - -2\n= 3 + 20 - -2\n= 23 - -2\n= 25\nThe answer is \\boxed{25}."
+        "=3+4*5--2\n=3+20--2\n=23--2\n=25\nThe answer is \\boxed{25}."
     )
-    assert arithmetic_solution("-( 2 * 3 ) / 2") == "= -6 / 2\n= -3\nThe answer is \\boxed{-3}."
+    assert arithmetic_solution("-( 2 * 3 ) / 2") == "=-6/2\n=-3\nThe answer is \\boxed{-3}."
     assert arithmetic_solution("( ( 7 ) )") == "The answer is \\boxed{7}."
 
 
@@ -94,19 +72,10 @@ def test_arithmetic_every_line_equals_the_expression(seed, terms):
 
 
 @settings(max_examples=100, deadline=None)
-@given(factors=st.lists(st.integers(-(10**6), 10**6), min_size=2, max_size=4))
-def test_products_every_line_is_true(factors):
-    product = 1
-    for f in factors:
-        product *= f
-    check_solution(products_solution(factors), str(product))
-
-
-@settings(max_examples=100, deadline=None)
 @given(terms=st.lists(st.integers(-999, 999), min_size=2, max_size=12), data=st.data())
-def test_chain_sum_every_line_is_true(terms, data):
-    ops = data.draw(st.lists(st.sampled_from(["+", "-"]), min_size=len(terms) - 1, max_size=len(terms) - 1))
-    expression = " ".join([str(terms[0])] + [f"{op} ( {t} )" for op, t in zip(ops, terms[1:], strict=True)])
-    solution = chain_sum_solution(terms, ops)
-    check_solution(solution, str(int(evaluate(expression))))
+def test_chain_sum_every_line_is_true_and_one_line_per_operator(terms, data):
+    ops = data.draw(st.lists(st.sampled_from(["+", "-", "*"]), min_size=len(terms) - 1, max_size=len(terms) - 1))
+    expression = " ".join([str(terms[0])] + [f"{op} {t}" for op, t in zip(ops, terms[1:], strict=True)])
+    solution = arithmetic_solution(expression)
+    check_solution(solution, str(int(evaluate(expression))), expression)
     assert solution.count("\n") == len(terms) - 1

@@ -1,6 +1,7 @@
 import pytest
 
 from tlt.data import sources
+from tlt.data.solutions import tokenize
 from tlt.data.sources import GymKnobs, gym_problems, gym_seed, knobs, to_problem
 from tlt.data.tasks import GYM_FAMILIES
 
@@ -13,18 +14,19 @@ def _expression(question: str) -> str:
     return question.removeprefix(prefix).removesuffix(".")
 
 
-def test_chain_sums_and_basic_arithmetic_never_share_a_question_form():
+def test_one_expression_gets_one_solution_whatever_the_family():
     chain = to_problem("chain_sum", 1, {"answer": "6", "metadata": {"expression": "3 + 4 - 1"}})
     basic = to_problem("basic_arithmetic", 1, {"answer": "6", "metadata": {"expression": "3 + 4 - 1"}})
-    assert chain.question != basic.question and chain.solution != basic.solution
+    assert chain.question != basic.question
+    assert chain.solution == basic.solution == "=7-1\n=6\nThe answer is \\boxed{6}."
 
 
 def test_knobs_exact_levels():
-    assert knobs("chain_sum", 1) == GymKnobs(num_terms=4, num_digits=1)
-    assert knobs("chain_sum", 3) == GymKnobs(num_terms=6, num_digits=2)
-    assert knobs("basic_arithmetic", 5) == GymKnobs(num_terms=7, num_digits=2)
-    assert knobs("products", 1) == GymKnobs(num_terms=2, num_digits=2)
-    assert knobs("products", 9) == GymKnobs(num_terms=4, num_digits=6)
+    assert knobs("chain_sum", 1) == GymKnobs(num_terms=3, num_digits=1)
+    assert knobs("chain_sum", 12) == GymKnobs(num_terms=14, num_digits=1)
+    assert knobs("basic_arithmetic", 5) == GymKnobs(num_terms=7, num_digits=1)
+    assert knobs("products", 1) == GymKnobs(num_terms=2, num_digits=1)
+    assert knobs("products", 9) == GymKnobs(num_terms=4, num_digits=1)
 
 
 @pytest.mark.parametrize("family", ["chain_sum", "basic_arithmetic", "products"])
@@ -58,7 +60,7 @@ def test_every_solution_line_is_true_arithmetic(family, difficulty):
         expression = _expression(p.question)
         assert evaluate(expression) == int(p.answer)
         check_solution(p.solution, p.answer, expression)
-        assert len(expression.split()) == 2 * knobs(family, difficulty).num_terms - 1 or family == "basic_arithmetic"
+        assert len(tokenize(expression)) == 2 * knobs(family, difficulty).num_terms - 1 or family == "basic_arithmetic"
 
 
 def test_gym_problems_deterministic_by_seed():
@@ -85,7 +87,7 @@ def test_to_problem_drops_inexact_basic_arithmetic():
     item = {"answer": "3", "metadata": {"expression": "7 / 2"}}
     assert to_problem("basic_arithmetic", 1, item) is None
     item = {"answer": "-2", "metadata": {"expression": "4 - 6"}}
-    assert to_problem("basic_arithmetic", 1, item).solution == "= -2\nThe answer is \\boxed{-2}."
+    assert to_problem("basic_arithmetic", 1, item).solution == "=-2\nThe answer is \\boxed{-2}."
 
 
 def test_to_problem_drops_answer_disagreement():

@@ -22,14 +22,15 @@ TEXTS = ["Question: Calculate 3 + 4 - 1.\nSolution:\n3 + 4 = 7, 7 - 1 = 6. \\box
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """A saved random test-preset target (weights scaled up so greedy continuations vary and ties are rare),
-    an untrained EAGLE drafter and a random small_lm drafter for it."""
+    """A saved random test-preset target (weights scaled up so greedy continuations vary and ties are rare;
+    seeded so that no greedy row meets EOS, every row runs to max_new_tokens), an untrained EAGLE drafter and a
+    random small_lm drafter for it."""
     torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("bench_sd")
     tokenizer = train_tokenizer(TEXTS * 4, vocab_size=300)
     ids = (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
     model = build_model("test", len(tokenizer), *ids)
-    g = torch.Generator().manual_seed(0)
+    g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:

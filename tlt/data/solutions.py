@@ -1,12 +1,21 @@
-"""Step-by-step solution writers for the arithmetic families.
+"""Step-by-step solutions for the arithmetic families (chain sums, products, basic arithmetic): one format.
 
-Every line is a true equation, so a model trained on them learns correct arithmetic, and the number of lines
-grows with difficulty (more terms, more digits), which is what makes response lengths long-tailed. Lines are
-short and regular because the tiny tokenizer splits digits one by one:
-  chain sums:        one running-total line per term           "12 + 7 = 19" / "19 - 4 = 15"
-  products:          long multiplication, one partial product per non-zero digit, then their running sum
-  basic arithmetic:  one reduction per line in precedence order, each line "= <the reduced expression>"
-All writers end with FINAL_LINE.
+One binary operation is applied per line, in precedence order (innermost group first, then * and / before + and
+-, left to right), and each line restates the whole reduced expression:
+
+    Add from left to right: 6+8-5+3.     ->   =14-5+3
+                                              =9+3
+                                              =12
+                                              The answer is \\boxed{12}.
+
+Every line is a true equation, so a model trained on them learns correct arithmetic. Most of each line is a copy of
+the previous line's tail, which a tiny model learns quickly (a running-total format, "14-5=9", makes it find the
+k-th term of the question instead, which it learned far more slowly), and copied text is what speculative
+decoding drafts well, as in real reasoning traces. Expressions are written without spaces: each digit and
+operator is one token, so a copy is token-aligned (under Qwen2's tokenizer rules a space before a digit is a token
+of its own, and spaced expressions learned markedly slower). A problem with n terms takes n - 1 lines of
+shrinking length, so response length grows quadratically with the number of terms: a difficulty mix with a few
+long problems gives the long-tailed length distribution of reasoning RL. Solutions end with FINAL_LINE.
 """
 
 from __future__ import annotations
@@ -21,44 +30,6 @@ _OPS = ("+", "-", "*", "/")
 
 def final_line(answer: str) -> str:
     return FINAL_LINE.format(answer=answer)
-
-
-def chain_sum_solution(terms: list[int], ops: list[str]) -> str:
-    """Running total, one line per term: [12, 7, 4], ["+", "-"] -> "12 + 7 = 19\\n19 - 4 = 15\\n..."."""
-    if len(ops) != len(terms) - 1 or any(op not in ("+", "-") for op in ops):
-        raise ValueError(f"chain sum needs len(terms) - 1 operators from + and -, got {terms} {ops}")
-    total, lines = terms[0], []
-    for op, term in zip(ops, terms[1:], strict=True):
-        new = total + term if op == "+" else total - term
-        lines.append(f"{total} {op} {term} = {new}")
-        total = new
-    return "\n".join([*lines, final_line(str(total))])
-
-
-def _times_lines(a: int, b: int) -> tuple[list[str], int]:
-    """Long multiplication a * b: one partial product per non-zero digit of b, then their running sum."""
-    if b == 0 or a == 0 or -10 < b < 10:
-        return [f"{a} * {b} = {a * b}"], a * b
-    sign = -1 if b < 0 else 1
-    digits = str(abs(b))[::-1]
-    parts = [sign * int(d) * 10**i for i, d in enumerate(digits) if d != "0"]
-    lines = [f"{a} * {p} = {a * p}" for p in parts]
-    total = a * parts[0]
-    for p in parts[1:]:
-        lines.append(f"{total} + {a * p} = {total + a * p}")
-        total += a * p
-    return lines, total
-
-
-def products_solution(factors: list[int]) -> str:
-    """Multiply left to right, each step by long multiplication."""
-    if len(factors) < 2:
-        raise ValueError(f"a product needs at least two factors, got {factors}")
-    product, lines = factors[0], []
-    for f in factors[1:]:
-        step, product = _times_lines(product, f)
-        lines.extend(step)
-    return "\n".join([*lines, final_line(str(product))])
 
 
 def tokenize(expression: str) -> list[Token]:
@@ -86,7 +57,13 @@ def tokenize(expression: str) -> list[Token]:
 
 
 def render(tokens: list[Token]) -> str:
-    return " ".join(str(t) for t in tokens)
+    """Compact, without spaces ("14-5+3"): with digits split, every number digit and operator is one token."""
+    return "".join(str(t) for t in tokens)
+
+
+def compact(expression: str) -> str:
+    """A reasoning-gym expression ("6 + 8 - -5") as our questions and solutions write it ("6+8--5")."""
+    return render(tokenize(expression))
 
 
 def _apply(a: Fraction, op: str, b: Fraction) -> Fraction:
@@ -128,12 +105,12 @@ def _as_int(value: Token) -> int:
 
 
 def arithmetic_steps(expression: str) -> tuple[list[str], int]:
-    """One reduction per line ("= <reduced expression>"); raises ValueError if a division is not exact."""
+    """One reduction per line ("=<reduced expression>"); raises ValueError if a division is not exact."""
     tokens, lines = _collapse_groups(tokenize(expression)), []
     while len(tokens) > 1:
         tokens = _reduce_once(tokens)
         tokens = [_as_int(t) if isinstance(t, Fraction) else t for t in tokens]
-        lines.append("= " + render(tokens))
+        lines.append("=" + render(tokens))
     return lines, _as_int(tokens[0])
 
 

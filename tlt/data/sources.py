@@ -11,11 +11,11 @@ import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tlt.data.solutions import arithmetic_solution, chain_sum_solution, cot_solution, products_solution
+from tlt.data.solutions import arithmetic_solution, compact, cot_solution
 from tlt.data.tasks import GYM_FAMILIES, MathProblem
 
-# One question form per family: "3 + 4 - 1" is both a chain sum (solved as running totals) and basic
-# arithmetic (solved by reductions); the same question with two solution formats would be an unlearnable target.
+# One question form per family; every family is solved in the same reduction format (tlt.data.solutions), so an
+# expression that two families can produce ("3 + 4 - 1") always gets the same solution.
 QUESTIONS = {
     "chain_sum": "Add from left to right: {expression}.",
     "basic_arithmetic": "Calculate {expression}.",
@@ -34,16 +34,19 @@ class GymKnobs:
 
 
 def knobs(family: str, difficulty: int) -> GymKnobs:
-    """Difficulty d >= 1 -> dataset knobs; response length grows with d for every arithmetic family."""
+    """Difficulty d >= 1 -> dataset knobs: one more term per level, single-digit numbers.
+
+    Single digits keep every line's arithmetic within reach of a tiny model (a running total plus or times one
+    digit); difficulty is the number of terms, and response length grows with its square (one line per term,
+    each restating what is left), so the difficulty mix alone sets the length distribution.
+    """
     if difficulty < 1:
         raise ValueError(f"difficulty must be >= 1, got {difficulty}")
     d = difficulty
-    if family == "chain_sum":  # one line per extra term; numbers grow slowly
-        return GymKnobs(num_terms=3 + d, num_digits=min(1 + d // 3, 6))
-    if family == "basic_arithmetic":  # one line per operator, each line as long as the remaining expression
-        return GymKnobs(num_terms=2 + d, num_digits=min(1 + (d - 1) // 4, 4))
-    if family == "products":  # one line per non-zero digit of each multiplier plus the partial-sum lines
-        return GymKnobs(num_terms=2 + (d - 1) // 4, num_digits=min(1 + (d + 1) // 2, 7))
+    if family in ("chain_sum", "basic_arithmetic"):
+        return GymKnobs(num_terms=2 + d, num_digits=1)
+    if family == "products":  # products grow fast: one more factor every third level
+        return GymKnobs(num_terms=2 + (d - 1) // 3, num_digits=1)
     if family == "gsm_symbolic":
         return GymKnobs(num_terms=0, num_digits=0)
     raise ValueError(f"unknown task family {family!r}; allowed: {', '.join(GYM_FAMILIES)}")
@@ -72,8 +75,8 @@ def _config(family: str, difficulty: int) -> dict:
     }
     if family == "basic_arithmetic":
         cfg |= {
-            "allow_parentheses": True,
-            "allow_negation": difficulty >= 3,
+            "allow_parentheses": difficulty >= 3,
+            "allow_negation": difficulty >= 5,
             "whitespace": "single",
             "format_style": "simple",
         }
@@ -96,20 +99,14 @@ def to_problem(family: str, difficulty: int, item: dict) -> MathProblem | None:
     if family == "gsm_symbolic":
         question = item["question"].removesuffix(_GSM_SUFFIX)
         return MathProblem(question, answer, family, 1, cot_solution(meta.get("answer_cot", ""), answer))
-    expression = meta["expression"]
-    if family == "chain_sum":
-        parts = expression.split()
-        solution = chain_sum_solution([int(t) for t in parts[::2]], parts[1::2])
-    elif family == "products":
-        solution = products_solution([int(t) for t in expression.split(" * ")])
-    else:
-        try:
-            solution = arithmetic_solution(expression)
-        except ValueError:
-            return None
+    try:
+        solution = arithmetic_solution(meta["expression"])
+    except ValueError:
+        return None
     if not solution.endswith(f"\\boxed{{{answer}}}."):
         return None
-    return MathProblem(QUESTIONS[family].format(expression=expression), answer, family, difficulty, solution)
+    question = QUESTIONS[family].format(expression=compact(meta["expression"]))
+    return MathProblem(question, answer, family, difficulty, solution)
 
 
 def gym_stream(family: str, difficulty: int, seed: int) -> Iterator[MathProblem]:

@@ -60,7 +60,7 @@ class TaskMix:
 
 DEFAULT_MIX = TaskMix(
     families=("chain_sum", "basic_arithmetic", "products"),
-    weights=(0.5, 0.3, 0.2),
-    max_difficulty=12,
-    difficulty_decay=0.55,
+    weights=(0.6, 0.25, 0.15),
+    max_difficulty=16,
+    difficulty_decay=0.7,
 )

@@ -21,7 +21,8 @@ PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|eos|>"
 SPECIAL_TOKENS = (PAD, BOS, EOS)  # ids 0, 1, 2
 # transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX
 QWEN2_PRETOKENIZE = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
 )
 
 

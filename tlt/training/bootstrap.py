@@ -1,8 +1,9 @@
 """`tlt bootstrap`: build a tokenizer and a tiny Qwen2 base policy, SFT it on generated step-by-step solutions.
 
-Writes `<output_dir>/model` (HF folder: model + tokenizer) and `<output_dir>/card.json` (preset, seed, data mix,
-held-out accuracy, response-length stats). Resumable: Lightning checkpoints in `<output_dir>/checkpoints`.
-Deterministic for a seed on one device.
+Writes `<folder>/model` (HF folder: model + tokenizer) and `<folder>/card.json` (preset, seed, data mix,
+held-out accuracy, response-length stats), where the folder is `bootstrap_folder(cfg)`: model.path's parent when
+model.path is set (so the policy lands where `tlt train` looks for it), else output_dir. Resumable: Lightning
+checkpoints in `<folder>/checkpoints`. Deterministic for a seed on one device.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from transformers import AutoTokenizer
 
-from tlt.config import RunConfig
+from tlt.config import ConfigError, RunConfig
 from tlt.data.prompts import format_prompt, format_response
 from tlt.data.splits import heldout_problems, task_mix, training_problems
 from tlt.evaluation import evaluate
@@ -55,10 +56,24 @@ def _trainer(cfg: RunConfig, ckpt_dir: Path) -> L.Trainer:
     )
 
 
+def bootstrap_folder(cfg: RunConfig) -> Path:
+    """Where `run_bootstrap` writes: model.path's parent when model.path is set (it must name a `model`
+    folder), else output_dir."""
+    if cfg.model.path is None:
+        return Path(cfg.output_dir)
+    path = Path(cfg.model.path)
+    if path.name != "model":
+        raise ConfigError(
+            f"model.path: got {cfg.model.path}; a bootstrapped policy is written to <folder>/model, so "
+            "model.path must end in /model to be bootstrapped (e.g. runs/quickstart/model)"
+        )
+    return path.parent
+
+
 def run_bootstrap(cfg: RunConfig) -> dict:
-    """SFT a base policy per `cfg`; returns the card (also written to output_dir/card.json)."""
+    """SFT a base policy per `cfg`; returns the card (also written to <bootstrap_folder(cfg)>/card.json)."""
     start = time.perf_counter()
-    out = Path(cfg.output_dir)
+    out = bootstrap_folder(cfg)
     L.seed_everything(cfg.seed, verbose=False)
     mix = task_mix(cfg.data)
     problems = [p for p in training_problems(mix, cfg.data.train_size, cfg.data.seed) if p.solution]

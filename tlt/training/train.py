@@ -58,7 +58,44 @@ from tlt.training.run_log import MetricsLog, plot_summary, progress_line
 
 def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict | None:
     """Train (or resume) per `cfg`; returns the summary (also written to `<output_dir>/summary.json`), or
-    None on a rank other than 0 under torchrun. `reward_fn` must be picklable when ranks are spawned."""
+    None on a rank other than 0 under torchrun. `reward_fn` must be picklable when ranks are spawned.
+
+    With `train.bootstrap_if_missing` a missing model.path is bootstrapped first; with `train.compare_baseline`
+    the same run with TLT off follows in `<output_dir>/baseline` and the summary gains the comparison
+    (`tlt.training.compare`)."""
+    if cfg.train.bootstrap_if_missing:
+        _bootstrap_if_missing(cfg)
+    summary = _train(cfg, reward_fn)
+    if not cfg.train.compare_baseline or summary is None:
+        return summary
+    from tlt.training.compare import baseline_config, compare
+
+    base_cfg = baseline_config(cfg)
+    print(f"[tlt] the same run with TLT off, for comparison: {base_cfg.output_dir}", flush=True)
+    _train(base_cfg, reward_fn)
+    result = compare(cfg, Path(cfg.output_dir), Path(base_cfg.output_dir))
+    print(f"[tlt] {result.summary()}", flush=True)
+    print(f"[tlt] comparison: {Path(cfg.output_dir) / 'speedup.md'}", flush=True)
+    return summary | {"comparison": result.to_dict()}
+
+
+def _bootstrap_if_missing(cfg: RunConfig) -> None:
+    if cfg.model.path and Path(cfg.model.path).is_dir():
+        return
+    if under_torchrun():
+        raise ConfigError(
+            "train.bootstrap_if_missing: not under torchrun (every rank would bootstrap); run `tlt bootstrap "
+            "--config CONFIG` once, then launch the ranks"
+        )
+    from tlt.training.bootstrap import bootstrap_folder, run_bootstrap
+
+    if cfg.model.path is None:
+        raise ConfigError("train.bootstrap_if_missing: set model.path (e.g. runs/quickstart/model) to bootstrap into")
+    print(f"[tlt] {cfg.model.path} not found: bootstrapping the base policy into {bootstrap_folder(cfg)}", flush=True)
+    run_bootstrap(cfg)
+
+
+def _train(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     world = world_size(cfg)
     if world > 1:
         return _run_ranks(cfg, reward_fn, world)
