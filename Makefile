@@ -13,7 +13,7 @@ install:
 	$(PYTHON) -m pip install --quiet -e ".[dev,eval]"
 
 quickstart: install
-	tlt bootstrap --config configs/quickstart.yaml
+	tlt train configs/quickstart.yaml
 
 test: install
 	$(PYTHON) -m pytest -q

@@ -11,10 +11,12 @@ from tlt.config import GRPOConfig
 from tlt.models.presets import build_model
 from tlt.training.grpo import (
     GRPOModule,
+    accumulate_loss,
     clipped_surrogate,
     group_advantages,
     kl_k3,
     make_batch,
+    micro_batches,
     token_mean,
     update_policy,
 )
@@ -145,6 +147,33 @@ def test_update_policy_steps_per_minibatch_and_moves_the_weights():
     assert all(math.isfinite(v) for v in (stats.loss, stats.grad_norm, stats.clip_fraction))
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert stats.clip_fraction > 0  # later minibatches are off-policy with lr 1e-2
+
+
+def test_micro_batches_sort_longest_first_within_the_token_budget():
+    lengths = torch.tensor([5, 40, 7, 38, 6, 100])
+    groups = [g.tolist() for g in micro_batches(lengths, max_tokens=80)]
+    assert groups == [[5], [1, 3], [2, 4, 0]]  # 100 alone; 2 x 40; 3 x 7 (the longest row of each group)
+    assert sorted(i for g in groups for i in g) == list(range(6))
+    assert [g.tolist() for g in micro_batches(lengths, max_tokens=1)] == [[5], [1], [3], [2], [4], [0]]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 12, 10_000])
+def test_accumulated_gradient_equals_one_forward_over_the_rows(max_tokens):
+    policy = build_model("test", vocab_size=300, seed=2)  # its own: the shared fixture is frozen as a reference
+    _, _, batch = _batch()
+    module = GRPOModule(policy, GRPOConfig(entropy_coef=0.1), temperature=1.0)
+    batch, _ = module.recompute(batch)
+    rows = torch.tensor([3, 0, 2])
+    policy.zero_grad(set_to_none=True)
+    module.loss(batch.rows(rows)).loss.backward()
+    expected = [p.grad.clone() for p in policy.parameters()]
+    policy.zero_grad(set_to_none=True)
+    count = batch.loss_mask[rows].sum().item()
+    sums = accumulate_loss(module, batch, rows, count, max_tokens)
+    for p, e in zip(policy.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.grad, e, atol=1e-6, rtol=1e-5)
+    full = module.loss(batch.rows(rows))
+    torch.testing.assert_close(sums[0].float() / count, full.loss.detach(), atol=1e-6, rtol=1e-5)
 
 
 def test_kl_needs_a_reference(policy):

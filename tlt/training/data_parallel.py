@@ -48,7 +48,7 @@ from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
 from tlt.schedulers.idle import IdleScheduler, Policy
 from tlt.training.checkpoint import RANK_LOCAL, rng_state, save_checkpoint
-from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats
+from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats, accumulate_loss
 from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics
 from tlt.training.spot import DrafterStepper, SpotWorker
 
@@ -101,12 +101,7 @@ def update_policy_sharded(
         optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(5, dtype=torch.float64, device=device)  # token sums of the 5 loss terms
         if mine.numel():
-            chunk = batch.rows(mine.to(device))
-            out = module.loss(chunk)
-            n = chunk.loss_mask.sum().double()
-            (out.loss * (n / count)).backward()
-            terms = (out.loss.detach(), out.policy_loss, out.kl, out.entropy, out.clip_fraction)
-            sums = torch.stack([t.detach().double() for t in terms]) * n
+            sums = accumulate_loss(module, batch, mine.to(device), count, cfg.micro_batch_tokens)
         sums = _sum_gradients(params, sums)
         norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
         optimizer.step()

@@ -287,10 +287,47 @@ class UpdateStats:
     grad_norm: float  # before clipping
 
 
+def micro_batches(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
+    """Rows grouped longest first into micro-batches of at most `max_tokens` padded tokens (rows x longest
+    row) each, at least one row per micro-batch; lengths [B] -> index tensors [b] (on lengths' device).
+
+    Rollout lengths are long-tailed: one 500-token response padded together with fifteen 40-token ones makes a
+    forward mostly padding. Sorting first keeps the padding to what neighbouring lengths differ by.
+    """
+    order = torch.argsort(lengths, descending=True, stable=True)
+    groups, start = [], 0
+    for end in range(1, len(order) + 1):
+        longest = int(lengths[order[start]])
+        if end == len(order) or (end + 1 - start) * longest > max_tokens:
+            groups.append(order[start:end])
+            start = end
+    return groups
+
+
+def accumulate_loss(
+    module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float, max_tokens: int
+) -> torch.Tensor:
+    """Backpropagate token_sum(GRPO loss over `rows` of `batch`) / denominator, one length-sorted micro-batch
+    at a time (`micro_batches`); the accumulated gradient is that of one forward over all the rows.
+
+    Returns the token sums of (loss, policy_loss, kl, entropy, clip_fraction) over the rows, [5] float64.
+    """
+    sums = torch.zeros(5, dtype=torch.float64, device=batch.input_ids.device)
+    for index in micro_batches(batch.attention_mask[rows].sum(1), max_tokens):
+        chunk = batch.rows(rows[index])
+        out = module.loss(chunk)
+        n = chunk.loss_mask.sum().double()
+        (out.loss * (n / denominator)).backward()
+        terms = (out.loss.detach(), out.policy_loss, out.kl, out.entropy, out.clip_fraction)
+        sums += torch.stack([t.detach().double() for t in terms]) * n
+    return sums
+
+
 def update_policy(
     module: GRPOModule, optimizer: torch.optim.Optimizer, batch: GRPOBatch, generator: torch.Generator
 ) -> UpdateStats:
-    """`cfg.epochs` passes over `batch` (old log-probs filled in); a step per shuffled minibatch."""
+    """`cfg.epochs` passes over `batch` (old log-probs filled in); a step per shuffled minibatch, its gradient
+    accumulated over micro-batches of at most `cfg.micro_batch_tokens` padded tokens."""
     cfg = module.cfg
     device = batch.input_ids.device
     minibatches = [
@@ -300,12 +337,11 @@ def update_policy(
     ]
     totals = torch.zeros(6, dtype=torch.float64)  # loss, policy_loss, kl, entropy, clip_fraction, grad_norm
     for index in minibatches:
-        out = module.loss(batch.rows(index))
+        count = batch.loss_mask[index].sum().clamp(min=1).item()
         optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        sums = accumulate_loss(module, batch, index, count, cfg.micro_batch_tokens)
         norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
         optimizer.step()
-        terms = (out.loss.detach(), out.policy_loss, out.kl, out.entropy, out.clip_fraction, norm)
-        totals += torch.stack([t.detach().double().cpu() for t in terms])
+        totals += torch.cat([sums.cpu() / count, norm.detach().double().cpu().view(1)])
     means = (totals / len(minibatches)).tolist()
     return UpdateStats(len(minibatches), *means)

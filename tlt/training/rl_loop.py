@@ -37,7 +37,15 @@ from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
 from tlt.schedulers.tuners import tuner_from_config
 from tlt.training.drafter_buffer import DrafterBuffer
-from tlt.training.grpo import GRPOBatch, GRPOModule, group_advantages, make_batch, token_mean, update_policy
+from tlt.training.grpo import (
+    GRPOBatch,
+    GRPOModule,
+    group_advantages,
+    make_batch,
+    micro_batches,
+    token_mean,
+    update_policy,
+)
 from tlt.training.spot import DrafterStepper
 from tlt.training.weight_push import push
 
@@ -332,11 +340,10 @@ class RLTrainer:
         ).to(self.device)
 
     def _recompute(self, batch: GRPOBatch) -> GRPOBatch:
-        """Fill in old (and reference) log-probs, minibatch_size rows per forward; hidden states -> buffer."""
+        """Fill in old (and reference) log-probs in length-sorted micro-batches; hidden states -> buffer."""
         old = torch.zeros_like(batch.sampler_logprobs)  # [B, T - 1]
         ref = torch.zeros_like(old) if self.cfg.grpo.kl_coef > 0 else None
-        rows = torch.arange(batch.size, device=self.device)
-        for index in rows.split(self.cfg.grpo.minibatch_size):
+        for index in micro_batches(batch.attention_mask.sum(1), self.cfg.grpo.micro_batch_tokens):
             chunk, hidden = self.module.recompute(batch.rows(index))  # hidden: [b, T_b, D]
             T1 = chunk.old_logprobs.shape[1]
             old[index, :T1] = chunk.old_logprobs

@@ -1,0 +1,81 @@
+"""TLT vs baseline comparison (`train.compare_baseline`): medians after warm-up, the Amdahl bound by hand,
+the baseline config, and `tlt train` running both runs end to end on a random test-preset policy."""
+
+import json
+import math
+
+import pytest
+
+from tlt.cli import main
+from tlt.config import ConfigError, load_config
+from tlt.training.bootstrap import bootstrap_folder
+from tlt.training.compare import Comparison, RunTimes, baseline_config
+
+from .test_train_cli import config  # noqa: F401  (the module fixture: a saved random policy and its YAML)
+
+
+def _step(rollout: float, train: float, drafter: float = 0.0, reward: float = 0.5, accept: float = 0.0) -> dict:
+    return {
+        "rollout_seconds": rollout,
+        "train_seconds": train,
+        "drafter_seconds": drafter,
+        "push_seconds": 0.0,
+        "reward_mean": reward,
+        "accept_length": accept,
+    }
+
+
+def test_run_times_are_medians_after_warm_up():
+    history = [_step(100.0, 100.0), _step(3.0, 1.0), _step(5.0, 1.0), _step(4.0, 2.0, accept=3.0)]
+    times = RunTimes.of(history, warmup=1)
+    assert (times.rollout, times.train, times.step) == (4.0, 1.0, 6.0)  # the 100 s warm-up step is left out
+    assert times.accept_length == 3.0 and times.reward_mean == 0.5
+    assert RunTimes.of(history[:1], warmup=1).step == 200.0  # too short a run: all its steps
+
+
+def test_comparison_ratios_and_amdahl_bound_by_hand():
+    baseline = RunTimes(step=10.0, rollout=8.0, train=2.0, drafter=0.0, reward_mean=0.4, accept_length=0.0)
+    tlt = RunTimes(step=5.0, rollout=2.0, train=2.0, drafter=1.0, reward_mean=0.4, accept_length=3.5)
+    result = Comparison(measured_steps=10, tlt=tlt, baseline=baseline, base_heldout_accuracy=0.25)
+    assert result.speedup == 2.0 and result.rollout_speedup == 4.0 and result.rollout_share == 0.8
+    assert math.isclose(result.amdahl_bound, 1 / (0.2 + 0.8 / 4))  # 2.5x
+    assert "2.00x" in result.summary() and "| 0.400 | 0.400 |" in result.markdown()
+    assert json.loads(json.dumps(result.to_dict()))["amdahl_bound"] == pytest.approx(2.5)
+
+
+def test_baseline_config_turns_tlt_off_and_nothing_else():
+    cfg = load_config(None, ["output_dir=runs/x", "train.compare_baseline=true", "grpo.lr=0.002"])
+    base = baseline_config(cfg)
+    assert base.output_dir == "runs/x/baseline"
+    assert not base.speculative.enabled and base.scheduler.policy == "never"
+    assert not base.train.compare_baseline and base.grpo == cfg.grpo and base.rollout == cfg.rollout
+    assert cfg.speculative.enabled  # the run's own config is left as it was
+
+
+def test_bootstrap_folder_follows_model_path():
+    assert str(bootstrap_folder(load_config(None, ["output_dir=runs/a"]))) == "runs/a"
+    cfg = load_config(None, ["output_dir=runs/a/rl", "model.path=runs/a/model"])
+    assert str(bootstrap_folder(cfg)) == "runs/a"
+    with pytest.raises(ConfigError, match="must end in /model"):
+        bootstrap_folder(load_config(None, ["model.path=runs/a/policy"]))
+
+
+def test_train_compares_with_the_same_run_without_tlt(config, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "rl"
+    overrides = ["grpo.steps=2", "train.compare_baseline=true", "train.heldout_eval=4", "eval.max_new_tokens=8"]
+    assert main(["train", str(config), *overrides, "--output-dir", str(out)]) == 0
+    result = json.loads((out / "speedup.json").read_text())
+    base_metrics = json.loads((out / "baseline" / "checkpoint" / "metrics.json").read_text())
+    assert len(base_metrics) == 2 and all(m["sd_token_share"] == 0 for m in base_metrics)
+    assert result["measured_steps"] == 1 and result["baseline"]["accept_length"] == 0
+    assert result["tlt"]["accept_length"] > 0  # the TLT run decoded speculatively
+    assert 0 <= result["base_heldout_accuracy"] <= 1
+    assert "TLT vs baseline" in (out / "speedup.md").read_text()
+    assert "Amdahl bound" in capsys.readouterr().out
+
+
+def test_bootstrap_if_missing_needs_a_model_folder_path(config, tmp_path, capsys):  # noqa: F811
+    overrides = ["train.bootstrap_if_missing=true", f"model.path={tmp_path / 'base' / 'policy'}"]
+    assert main(["train", str(config), *overrides, "--output-dir", str(tmp_path / "rl")]) == 2
+    assert "must end in /model" in capsys.readouterr().err
+    assert not (tmp_path / "base").exists()  # nothing was bootstrapped or written
