@@ -38,6 +38,26 @@ def _tokenizer(cfg: RunConfig, texts: list[str], folder: Path):
     return tokenizer
 
 
+class ProgressLines(L.Callback):
+    """A plain progress line every `every` steps (a progress bar does not show in logs or CI output)."""
+
+    def __init__(self, every: int):
+        self.every, self.start, self.first = every, 0.0, 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.start, self.first = time.perf_counter(), trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step, total = trainer.global_step, trainer.max_steps
+        if trainer.is_global_zero and (step % self.every == 0 or step == total):
+            rate = (step - self.first) / max(time.perf_counter() - self.start, 1e-9)
+            eta = (total - step) / max(rate, 1e-9)
+            loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
+            print(
+                f"[tlt] bootstrap step {step}/{total}  loss {loss:.3f}  {rate:.1f} steps/s  ETA {eta:.0f}s", flush=True
+            )
+
+
 def _trainer(cfg: RunConfig, ckpt_dir: Path) -> L.Trainer:
     b = cfg.bootstrap
     return L.Trainer(
@@ -52,7 +72,10 @@ def _trainer(cfg: RunConfig, ckpt_dir: Path) -> L.Trainer:
         gradient_clip_val=1.0,
         deterministic=True,
         use_distributed_sampler=False,
-        callbacks=[ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=b.checkpoint_every, save_last=True)],
+        callbacks=[
+            ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=b.checkpoint_every, save_last=True),
+            ProgressLines(every=max(1, b.max_steps // 20)),
+        ],
     )
 
 
