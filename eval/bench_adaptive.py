@@ -173,12 +173,12 @@ def markdown(results: dict[str, dict], machine: str, table: dict, best_fixed: st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from eval.machine import describe_machine
     from tlt.config import load_config
     from tlt.data.prompts import format_prompt
     from tlt.data.splits import task_mix, training_problems
     from tlt.drafters import load_drafter
     from tlt.drafters.ngram import NgramDrafter
+    from tlt.machine import describe_machine
     from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

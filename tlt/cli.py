@@ -1,4 +1,4 @@
-"""The `tlt` command: `tlt bootstrap`, `tlt evaluate`, `tlt train-drafter`, `tlt train`, `tlt sweep`, `tlt parity`."""
+"""The `tlt` command: bootstrap, evaluate, train-drafter, train, bench, sweep, parity."""
 
 from __future__ import annotations
 
@@ -81,6 +81,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     if summary is not None:  # None: a rank other than 0 of a torchrun job
         print(json.dumps(summary, indent=2))
     return 0
+
+
+BENCHES = {
+    "rollout": "eval.bench_sd",  # SD speed: native vs HF generate, per drafter / strategy / batch size
+    "adaptive": "eval.bench_adaptive",  # the strategy tuners side by side on a long-tail rollout workload
+    "packing": "eval.bench_drafter_packing",  # drafter-training throughput, packed vs padded
+}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """`tlt bench e2e CONFIG`: the run and the same run with TLT off, compared; the others run the eval/
+    harness of a source checkout."""
+    if args.kind == "e2e":
+        if not args.rest or "=" in args.rest[0]:
+            print("tlt bench e2e: error: give a config file first: tlt bench e2e configs/tlt.yaml", file=sys.stderr)
+            return 2
+        from tlt.training.train import run_train
+
+        args.config = args.rest[0]
+        cfg = _config(args, [*args.rest[1:], "train.compare_baseline=true"])
+        run_train(cfg)
+        return 0
+    import importlib
+
+    root = str(Path(__file__).resolve().parents[1])
+    if (Path(root) / "eval" / "__init__.py").is_file() and root not in sys.path:
+        sys.path.insert(0, root)
+    try:
+        module = importlib.import_module(BENCHES[args.kind])
+    except ModuleNotFoundError:
+        print(
+            f"tlt bench {args.kind}: error: needs the eval/ harness of a tlt source checkout ({BENCHES[args.kind]}); "
+            "install tlt with `pip install -e .` from the repository",
+            file=sys.stderr,
+        )
+        return 2
+    return module.main(args.rest)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -187,6 +224,18 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. grpo.steps=50")
     p.set_defaults(func=cmd_train)
 
+    p = sub.add_parser(
+        "bench",
+        help="speed reports measured side by side: e2e (TLT vs the same run with TLT off), rollout, adaptive, packing",
+        description="e2e CONFIG [key=value ...]: `tlt train` with train.compare_baseline=true (step and rollout "
+        "ratios, rollout share, Amdahl bound, held-out accuracy, machine) in <output_dir>/speedup.md. rollout / "
+        "adaptive / packing: the eval/ benchmarks (eval.bench_sd, eval.bench_adaptive, eval.bench_drafter_packing) "
+        "with their own arguments (`tlt bench rollout --help`).",
+    )
+    p.add_argument("kind", choices=("e2e", *BENCHES), help="which report")
+    p.add_argument("rest", nargs="*", help="e2e: CONFIG [key=value ...]; others: their arguments")
+    p.set_defaults(func=cmd_bench, config=None)
+
     p = sub.add_parser("sweep", help="run a grid of `tlt train` cells (ablations) and tabulate them (resumable)")
     p.add_argument("grid", help="grid YAML file (e.g. configs/ablation.yaml; see tlt/sweep.py)")
     p.add_argument("--output-dir", help="sweep folder (default: the grid's output_dir); cells go in <dir>/<cell>/")
@@ -224,6 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0] not in commands:
         return parser.parse_args(argv)
+    if argv[0] == "bench" and len(argv) > 1 and argv[1] in ("e2e", *BENCHES):  # the rest is the bench's own
+        return argparse.Namespace(command="bench", func=cmd_bench, kind=argv[1], rest=argv[2:], config=None)
     args = commands[argv[0]].parse_intermixed_args(argv[1:])
     args.command = argv[0]
     return args

@@ -60,10 +60,10 @@ def test_bootstrap_folder_follows_model_path():
         bootstrap_folder(load_config(None, ["model.path=runs/a/policy"]))
 
 
-def test_train_compares_with_the_same_run_without_tlt(config, tmp_path, capsys):  # noqa: F811
+def test_bench_e2e_compares_with_the_same_run_without_tlt(config, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "rl"
-    overrides = ["grpo.steps=2", "train.compare_baseline=true", "train.heldout_eval=4", "eval.max_new_tokens=8"]
-    assert main(["train", str(config), *overrides, "--output-dir", str(out)]) == 0
+    overrides = ["grpo.steps=2", "train.heldout_eval=4", "eval.max_new_tokens=8", f"output_dir={out}"]
+    assert main(["bench", "e2e", str(config), *overrides]) == 0  # = tlt train with train.compare_baseline=true
     result = json.loads((out / "speedup.json").read_text())
     base_metrics = json.loads((out / "baseline" / "checkpoint" / "metrics.json").read_text())
     assert len(base_metrics) == 2 and all(m["sd_token_share"] == 0 for m in base_metrics)
@@ -71,7 +71,14 @@ def test_train_compares_with_the_same_run_without_tlt(config, tmp_path, capsys):
     assert result["tlt"]["accept_length"] > 0  # the TLT run decoded speculatively
     assert 0 <= result["base_heldout_accuracy"] <= 1
     assert "TLT vs baseline" in (out / "speedup.md").read_text()
+    assert result["machine"]["logical_cores"] >= 1 and "torch" in result["machine"]
     assert "Amdahl bound" in capsys.readouterr().out
+
+
+def test_bench_needs_a_config_and_names_the_harness(capsys):
+    assert main(["bench", "e2e"]) == 2
+    assert main(["bench", "e2e", "grpo.steps=2"]) == 2
+    assert "give a config file first" in capsys.readouterr().err
 
 
 def test_bootstrap_if_missing_needs_a_model_folder_path(config, tmp_path, capsys):  # noqa: F811

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tlt.config import RunConfig
+from tlt.machine import describe_machine
 from tlt.models.io import atomic_write_json, atomic_write_text
 
 PARTS = ("rollout", "train", "drafter", "push")
@@ -57,6 +58,7 @@ class Comparison:
     tlt: RunTimes
     baseline: RunTimes
     base_heldout_accuracy: float | None  # the starting policy, same held-out problems
+    machine: dict = dataclasses.field(default_factory=dict)  # tlt.machine.describe_machine()
 
     @property
     def speedup(self) -> float:
@@ -101,7 +103,8 @@ class Comparison:
         lines = [
             "# TLT vs baseline (same RL, TLT off)",
             "",
-            f"Medians over {self.measured_steps} steps per run after warm-up.",
+            f"Medians over {self.measured_steps} steps per run after warm-up. Machine: "
+            + ", ".join(f"{k} {v}" for k, v in self.machine.items()),
             "",
             "| | TLT | baseline |",
             "|---|---:|---:|",
@@ -162,6 +165,7 @@ def compare(cfg: RunConfig, tlt_dir: Path, baseline_dir: Path) -> Comparison:
         tlt=times[0],
         baseline=times[1],
         base_heldout_accuracy=heldout_accuracy(cfg, cfg.model.path),
+        machine=describe_machine(),
     )
     out = Path(cfg.output_dir)
     atomic_write_json(out / "speedup.json", result.to_dict())
