@@ -145,6 +145,15 @@ def test_missing_model_path_fails_up_front(tmp_path):
         run_sweep(grid, FakeRunner())
 
 
+def test_missing_drafter_path_fails_up_front_with_the_command_to_make_it(tmp_path):
+    (tmp_path / "model").mkdir()
+    extra = [f"model.path={tmp_path / 'model'}", f"drafter.path={tmp_path / 'drafter'}"]
+    runner = FakeRunner()
+    with pytest.raises(ConfigError, match="drafter.path: .* not found; distil one first: `tlt train-drafter"):
+        run_sweep(load_grid(_grid(tmp_path), extra=extra), runner)
+    assert runner.ran == []
+
+
 def test_cli_parses_sweep():
     args = parse_args(["sweep", "g.yaml", "grpo.steps=1", "--dry-run", "--output-dir", "x"])
     assert (args.command, args.grid, args.dry_run, args.output_dir, args.overrides) == (

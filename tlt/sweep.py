@@ -193,6 +193,14 @@ def _default_runner(cfg: RunConfig) -> dict | None:
     return run_train(cfg)
 
 
+def _check_drafter_path(cfg: RunConfig) -> None:
+    path = cfg.drafter.path
+    if cfg.speculative.enabled and path and not Path(path).is_dir():
+        raise FileNotFoundError(
+            f"drafter.path: {path} not found; distil one first: `tlt train-drafter {cfg.model.path} --output {path}`"
+        )
+
+
 def run_sweep(
     grid: Grid,
     runner: Runner | None = None,
@@ -203,17 +211,18 @@ def run_sweep(
     """Validate every cell, then run (or with `dry_run` only list) them; returns one result row per cell.
 
     `runner` trains one cell's config (default `run_train`); `check_paths` also requires every cell's
-    model.path up front (a dry run only warns)."""
+    model.path and drafter.path up front (a dry run only warns)."""
     configs = validate(grid)
     if check_paths:
         from tlt.training.train import _check_model_path
 
         paths = {}
-        for name, cfg in configs.items():
-            paths.setdefault(cfg.model.path, (name, cfg))  # one check (and warning) per distinct model.path
+        for name, cfg in configs.items():  # one check (and warning) per distinct model.path / drafter.path
+            paths.setdefault((cfg.model.path, cfg.speculative.enabled and cfg.drafter.path), (name, cfg))
         for name, cfg in paths.values():
             try:
                 _check_model_path(cfg)
+                _check_drafter_path(cfg)
             except (ConfigError, FileNotFoundError) as err:
                 if not dry_run:
                     raise ConfigError(f"sweep cell {name!r}: {err}") from None
