@@ -130,7 +130,8 @@ def _pct(value: float | None) -> str:
 
 
 def baseline_config(cfg: RunConfig) -> RunConfig:
-    """The same run with TLT off (plain decoding, no drafter, frozen nothing) in <output_dir>/baseline."""
+    """The same run with TLT off (plain decoding, no drafter, nothing trained but the policy), in
+    <output_dir>/baseline."""
     return dataclasses.replace(
         cfg,
         output_dir=str(Path(cfg.output_dir) / "baseline"),
