@@ -70,7 +70,7 @@ def collate(batch: list[SFTExample], pad_id: int) -> dict[str, torch.Tensor]:
 
 
 class SFTDataModule(L.LightningDataModule):
-    """Length-grouped batches for `epochs` passes (fresh seeded order per pass), sharded across DDP ranks."""
+    """Length-grouped batches for `epochs` passes (fresh seeded order per pass), split across DDP ranks."""
 
     def __init__(self, examples: list[SFTExample], batch_size: int, pad_id: int, seed: int, epochs: int):
         super().__init__()
@@ -83,16 +83,22 @@ class SFTDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self) -> DataLoader:
+        """Each step's examples are one length-sorted global batch, split into per-rank slices, so all ranks
+        get examples of about the same length at the gradient all-reduce (measured on 2 CPU cores: 300 DDP
+        steps 114 -> 111 s, a small gain); incomplete global batches are dropped. The quickstart's measured
+        base policy was trained with these batches (one process)."""
         lengths = [len(e.input_ids) for e in self.examples]
-        batches = [
-            b
-            for epoch in range(self.epochs)
-            for b in length_grouped_batches(lengths, self.batch_size, self.seed + epoch)
-        ]
         rank, world = self.trainer.global_rank, self.trainer.world_size
+        size = self.batch_size * world
+        batches = [
+            b[rank * self.batch_size : (rank + 1) * self.batch_size]
+            for epoch in range(self.epochs)
+            for b in length_grouped_batches(lengths, size, self.seed + epoch)
+            if len(b) == size
+        ]
         return DataLoader(
             SFTDataset(self.examples),
-            batch_sampler=batches[rank::world],
+            batch_sampler=batches,
             collate_fn=partial(collate, pad_id=self.pad_id),
         )
 
