@@ -193,14 +193,6 @@ def _default_runner(cfg: RunConfig) -> dict | None:
     return run_train(cfg)
 
 
-def _check_drafter_path(cfg: RunConfig) -> None:
-    path = cfg.drafter.path
-    if cfg.speculative.enabled and path and not Path(path).is_dir():
-        raise FileNotFoundError(
-            f"drafter.path: {path} not found; distil one first: `tlt train-drafter {cfg.model.path} --output {path}`"
-        )
-
-
 def run_sweep(
     grid: Grid,
     runner: Runner | None = None,
@@ -214,15 +206,14 @@ def run_sweep(
     model.path and drafter.path up front (a dry run only warns)."""
     configs = validate(grid)
     if check_paths:
-        from tlt.training.train import _check_model_path
+        from tlt.training.train import check_start_paths
 
         paths = {}
         for name, cfg in configs.items():  # one check (and warning) per distinct model.path / drafter.path
             paths.setdefault((cfg.model.path, cfg.speculative.enabled and cfg.drafter.path), (name, cfg))
         for name, cfg in paths.values():
             try:
-                _check_model_path(cfg)
-                _check_drafter_path(cfg)
+                check_start_paths(cfg)
             except (ConfigError, FileNotFoundError) as err:
                 if not dry_run:
                     raise ConfigError(f"sweep cell {name!r}: {err}") from None

@@ -166,6 +166,7 @@ def test_missing_tensorboard_is_reported_once(tmp_path, monkeypatch, capsys):
         (["train.checkpoint_every=0"], ["train.checkpoint_every: got 0"]),
         (["model.path=/nonexistent/model"], ["model.path: /nonexistent/model not found", "tlt bootstrap"]),
         (["model.path=null"], ["model.path: not set", "tlt bootstrap"]),
+        (["drafter.path=/nonexistent/drafter"], ["drafter.path: /nonexistent/drafter not found", "tlt train-drafter"]),
     ],
 )
 def test_clear_errors(config, tmp_path, capsys, overrides, fragments):

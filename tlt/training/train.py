@@ -174,7 +174,7 @@ def _preflight(cfg: RunConfig, world: int) -> None:
     check_world(cfg, world)
     folder = _resumable(cfg, Path(cfg.output_dir))
     if folder is None:
-        _check_model_path(cfg)
+        check_start_paths(cfg)
     else:
         check_world_size(folder, world)
 
@@ -275,8 +275,19 @@ def _resumable(cfg: RunConfig, out: Path) -> Path | None:
 
 
 def _base_policy(cfg: RunConfig):
-    _check_model_path(cfg)
+    check_start_paths(cfg)
     return load_hf_folder(cfg.model.path)
+
+
+def check_start_paths(cfg: RunConfig) -> None:
+    """What a fresh run reads besides the config, checked before anything loads: model.path, and drafter.path
+    when SD is on and one is given. Raises ConfigError / FileNotFoundError with the command that makes it."""
+    _check_model_path(cfg)
+    path = cfg.drafter.path
+    if cfg.speculative.enabled and path and not Path(path).is_dir():
+        raise FileNotFoundError(
+            f"drafter.path: {path} not found; distil one first: `tlt train-drafter {cfg.model.path} --output {path}`"
+        )
 
 
 def _check_model_path(cfg: RunConfig) -> None:
