@@ -9,8 +9,12 @@ from tlt.models.presets import build_model
 from tlt.models.tokenizer import train_tokenizer
 
 
+def tiny_tokenizer():
+    return train_tokenizer(["Question: Calculate 1 + 2 - 3.\nSolution:\n1 + 2 = 3"] * 20, vocab_size=300)
+
+
 def save_tiny_model(path: Path, seed: int = 0) -> Path:
-    tokenizer = train_tokenizer(["Question: Calculate 1 + 2 - 3.\nSolution:\n1 + 2 = 3"] * 20, vocab_size=300)
+    tokenizer = tiny_tokenizer()
     model = build_model(
         "test",
         len(tokenizer),
@@ -22,14 +26,20 @@ def save_tiny_model(path: Path, seed: int = 0) -> Path:
     return save_hf_folder(model, tokenizer, path)
 
 
-def random_target(std: float = 0.15, unit_norms: bool = False) -> torch.nn.Module:
-    """A random test-preset Qwen2 (vocab 64) with weights ~ N(0, std), seeded.
+def save_random_target(path: Path, std: float = 0.15, unit_norms: bool = False) -> Path:
+    """`random_target` over the tiny tokenizer's vocabulary, saved as an HF folder (for folder-based engines)."""
+    tokenizer = tiny_tokenizer()
+    return save_hf_folder(random_target(std, unit_norms, vocab_size=len(tokenizer)), tokenizer, path)
+
+
+def random_target(std: float = 0.15, unit_norms: bool = False, vocab_size: int = 64) -> torch.nn.Module:
+    """A random test-preset Qwen2 (vocab 64 by default) with weights ~ N(0, std), seeded.
 
     std 0.15 gives rare logit ties; with the norm weights left random, greedy continuations fall
     into loops (38 38 38 ...), with `unit_norms` they stay varied.
     """
     torch.set_num_threads(1)
-    model = build_model("test", vocab_size=64)
+    model = build_model("test", vocab_size=vocab_size)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():

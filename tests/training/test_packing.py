@@ -65,8 +65,8 @@ def module():
     torch.manual_seed(0)
     target = build_model("test", vocab_size=64)
     drafter = EagleDrafter.from_target(target, seed=0)
-    with torch.no_grad():  # a non-trivial head: random fc bias so features differ between positions
-        drafter.head.fc.bias.normal_(0, 0.5)
+    with torch.no_grad():  # a non-trivial head: large random fc weights so features differ between positions
+        drafter.head.fc.weight.normal_(0, 0.5)
     return DrafterModule(drafter.head, DrafterConfig(), max_steps=1)
 
 

@@ -80,13 +80,16 @@ class Capabilities:
     hidden_states: bool  # generate() can return last-layer hidden states
     tree_drafts: bool  # topk > 1 draft trees
     drafters: tuple[str, ...] = field(default_factory=tuple)  # drafter kinds the backend accepts
+    per_step_stats: bool = True  # step_stats has one record per decode iteration (else aggregates per call)
 
 
 class RolloutEngine(Protocol):
     """Generates rollouts from a target model; see DESIGN.md (contracts)."""
 
     capabilities: Capabilities
-    step_stats: list[DecodeStepStats]  # per decode iteration of the last generate() call
+    step_stats: list[DecodeStepStats]  # per decode iteration of the last generate() call (see Capabilities)
+    drafter: Drafter | None
+    weights_version: int | None  # the version of the last update_weights()
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1) -> list[Rollout]: ...
 
@@ -97,6 +100,31 @@ class RolloutEngine(Protocol):
         ...
 
     def set_drafter(self, drafter: Drafter | None) -> None: ...
+
+    def check_drafter(self, drafter: Drafter | None) -> None:
+        """Raise unless set_drafter(drafter) would succeed; changes nothing the engine runs."""
+        ...
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, truncate: str | None) -> list[list[int]]:
+    """Prompts as lists of ints: none may be empty; one longer than max_seq_len - 1 (one slot is left for a
+    generated token) raises, or keeps its last tokens when `truncate` is "left"."""
+    limit = max_seq_len - 1
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if len(ids) > limit:
+            if truncate != "left":
+                raise ValueError(
+                    f"prompt {i} has {len(ids)} tokens, more than the engine limit of {limit} "
+                    f"(max_seq_len={max_seq_len} minus one generated token); shorten it or build the engine "
+                    "with truncate_prompts='left'"
+                )
+            ids = ids[-limit:]
+        out.append(ids)
+    return out
 
 
 class UnsupportedFeatureError(RuntimeError):

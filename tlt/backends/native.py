@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from tlt.backends.base import Capabilities, DecodeStepStats, Rollout, SamplingParams
+from tlt.backends.base import Capabilities, DecodeStepStats, Rollout, SamplingParams, check_prompts
 from tlt.backends.native_runner import ModelRunner, next_tokens
 from tlt.backends.native_state import Emission, Outputs, RunningBatch, StopCheck, check_stop
-from tlt.drafters.base import Drafter
+from tlt.drafters.base import Drafter, dry_run
 from tlt.models.lean import LeanModel
 from tlt.schedulers.tuners.base import StrategyTuner
 from tlt.speculative.sampling import token_logprobs
@@ -83,6 +83,12 @@ class NativeEngine:
             drafter.bind(self.model)
         self.drafter = drafter
 
+    def check_drafter(self, drafter: Drafter | None) -> None:
+        """Raise unless `drafter` runs against this target: binds it (shapes) and drafts once."""
+        if drafter is not None:
+            drafter.bind(self.model)
+            dry_run(drafter, self.model)
+
     @torch.inference_mode()
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Copy HF-named tensors into the model in place; checks every name and shape before copying any."""
@@ -115,7 +121,10 @@ class NativeEngine:
         self.step_stats = []
         if len(prompts) == 0:
             return []
-        prompt_ids = self._check_prompts(prompts)
+        prompt_ids = [
+            torch.tensor(p, dtype=torch.long, device=self.device)
+            for p in check_prompts(prompts, self.max_seq_len, self.truncate_prompts)
+        ]
         generator = torch.Generator(self.device)
         if sampling.seed is None:
             generator.seed()
@@ -132,23 +141,6 @@ class NativeEngine:
             while batch.size:
                 batch = self._step(batch, sampling, generator, outputs)
         return outputs.rollouts(prompt_ids, n)
-
-    def _check_prompts(self, prompts: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        out = []
-        for i, prompt in enumerate(prompts):
-            ids = torch.as_tensor(list(prompt), dtype=torch.long, device=self.device)
-            if ids.numel() == 0:
-                raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-            if ids.numel() > self.max_prompt_len:
-                if self.truncate_prompts != "left":
-                    raise ValueError(
-                        f"prompt {i} has {ids.numel()} tokens, more than the engine limit of "
-                        f"{self.max_prompt_len} (max_seq_len={self.max_seq_len} minus one generated token); "
-                        "shorten it or build the engine with truncate_prompts='left'"
-                    )
-                ids = ids[-self.max_prompt_len :]
-            out.append(ids)
-        return out
 
     @property
     def _drafting(self) -> bool:

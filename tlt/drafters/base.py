@@ -69,3 +69,25 @@ class Drafter(ABC):
         """An independent copy of the drafter's own weights (bind it before use); training the original
         afterwards leaves the copy alone."""
         return copy.deepcopy(self)
+
+
+DRY_RUN_STRATEGY = SpecStrategy(steps=1, topk=1, verify_tokens=2)
+
+
+@torch.inference_mode()
+def dry_run(drafter: Drafter, target: torch.nn.Module) -> None:
+    """start + propose on one 2-token prompt (zero features) against `target` (the drafter is bound to it);
+    raises DrafterMismatchError when the draft has the wrong shape or token ids outside the vocabulary."""
+    weight = target.get_input_embeddings().weight
+    device, D = weight.device, target.config.hidden_size
+    tokens = torch.zeros(1, 2, dtype=torch.long, device=device)  # [B, T]
+    hidden = torch.zeros(1, 2, D, dtype=weight.dtype, device=device) if drafter.uses_target_hidden else None
+    drafter.start(tokens, hidden, torch.tensor([2], device=device))  # hidden: [B, T, D] or None
+    tree = drafter.propose(DRY_RUN_STRATEGY)
+    vocab, shape = target.config.vocab_size, tuple(tree.tokens.shape)
+    in_vocab = bool(((tree.tokens >= 0) & (tree.tokens < vocab)).all())
+    if shape != (1, DRY_RUN_STRATEGY.verify_tokens) or not in_vocab:
+        raise DrafterMismatchError(
+            f"drafter {type(drafter).__name__} drafted {tree.tokens.tolist()} (shape {shape}) on a dry run; "
+            f"expected shape (1, {DRY_RUN_STRATEGY.verify_tokens}) with token ids in [0, {vocab})"
+        )

@@ -220,8 +220,18 @@ class EagleDrafter(Drafter):
         meta = read_drafter_json(path)
         if meta.pop("kind") != cls.kind:
             raise ValueError(f"{path} holds a drafter of another kind, not {cls.kind!r}")
+        meta.pop("exported_for", None)  # an EAGLE-1 export (tlt.drafters.export) reads back as well
         head = EagleHead(EagleConfig(**meta))
-        head.load_state_dict(load_file(str(Path(path) / WEIGHTS_FILE)))
+        state = load_file(str(Path(path) / WEIGHTS_FILE))
+        own = head.state_dict()
+        extra = sorted(k for k in state if k not in own)
+        nonzero = [k for k in extra if bool(state[k].any())]
+        if nonzero:
+            raise ValueError(
+                f"{path}: tensors {nonzero[:4]} are not part of tlt's EAGLE head (fc without bias); a drafter "
+                "saved by an older tlt must be trained again (tlt train-drafter)"
+            )
+        head.load_state_dict({k: v for k, v in state.items() if k in own})  # drops an export's zero biases
         return cls(head)
 
 

