@@ -9,6 +9,22 @@ from tlt.models.presets import build_model
 from tlt.models.tokenizer import train_tokenizer
 
 
+def save_math_policy(path: Path) -> Path:
+    """A random test-preset policy with a tokenizer trained on easy math prompts and solutions (RL runs)."""
+    from tlt.config import load_config
+    from tlt.data.prompts import format_prompt
+    from tlt.data.splits import task_mix, training_problems
+
+    torch.set_num_threads(1)
+    data = load_config(None, ["data.max_difficulty=3"]).data
+    texts = [format_prompt(p.question) + p.solution for p in training_problems(task_mix(data), 32, seed=0)]
+    tokenizer = train_tokenizer(texts, vocab_size=300)
+    model = build_model(
+        "test", len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0
+    )
+    return save_hf_folder(model, tokenizer, path)
+
+
 def tiny_tokenizer():
     return train_tokenizer(["Question: Calculate 1 + 2 - 3.\nSolution:\n1 + 2 = 3"] * 20, vocab_size=300)
 

@@ -9,13 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.tiny_model import save_math_policy
 from tlt.cli import main, parse_args
 from tlt.config import load_config
-from tlt.data.prompts import format_prompt
 from tlt.data.splits import task_mix, training_problems
-from tlt.models.io import save_hf_folder
-from tlt.models.presets import build_model
-from tlt.models.tokenizer import train_tokenizer
 from tlt.training import checkpoint
 from tlt.training.checkpoint import find_checkpoint, save_checkpoint
 from tlt.training.rl_loop import RLTrainer
@@ -40,15 +37,8 @@ TIMINGS = {c for c in COLUMNS if c.endswith("_seconds")}
 @pytest.fixture(scope="module")
 def config(tmp_path_factory):
     """A YAML config whose model.path is a random test-preset policy saved with its tokenizer."""
-    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("train")
-    data = load_config(None, ["data.max_difficulty=3"]).data
-    texts = [format_prompt(p.question) + p.solution for p in training_problems(task_mix(data), 32, seed=0)]
-    tokenizer = train_tokenizer(texts, vocab_size=300)
-    model = build_model(
-        "test", len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0
-    )
-    save_hf_folder(model, tokenizer, root / "model")
+    save_math_policy(root / "model")
     path = root / "tlt.yaml"
     path.write_text(CONFIG.format(model=root / "model"))
     return path

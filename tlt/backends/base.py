@@ -105,6 +105,10 @@ class RolloutEngine(Protocol):
         """Raise unless set_drafter(drafter) would succeed; changes nothing the engine runs."""
         ...
 
+    def close(self) -> None:
+        """Release the engine's processes and files (vLLM / SGLang run in their own processes)."""
+        ...
+
 
 def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, truncate: str | None) -> list[list[int]]:
     """Prompts as lists of ints: none may be empty; one longer than max_seq_len - 1 (one slot is left for a

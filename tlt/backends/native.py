@@ -83,6 +83,9 @@ class NativeEngine:
             drafter.bind(self.model)
         self.drafter = drafter
 
+    def close(self) -> None:
+        """Nothing to release: the engine lives in this process."""
+
     def check_drafter(self, drafter: Drafter | None) -> None:
         """Raise unless `drafter` runs against this target: binds it (shapes) and drafts once."""
         if drafter is not None:

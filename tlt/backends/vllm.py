@@ -138,6 +138,8 @@ class VLLMEngine:
         work_dir: where weight updates and drafter exports are written (default: a temporary folder).
         max_num_seqs: the engine's running-batch limit.
         seed: the engine's seed (each generate call seeds its requests from SamplingParams.seed).
+        cpu_core: CPU only: the core vLLM's threads are bound to (default: LOCAL_RANK, or 0; an explicit
+            VLLM_CPU_OMP_THREADS_BIND in the environment wins).
         engine_args: further `vllm.LLM` keyword arguments (they override the ones above).
     """
 
@@ -158,6 +160,7 @@ class VLLMEngine:
         work_dir: str | Path | None = None,
         max_num_seqs: int = 256,
         seed: int = 0,
+        cpu_core: int | None = None,
         engine_args: Mapping | None = None,
     ):
         if truncate_prompts not in (None, "left"):
@@ -182,11 +185,11 @@ class VLLMEngine:
             self.drafter = drafter
         self.weights_version: int | None = None
         self.step_stats: list[DecodeStepStats] = []
+        if device == "cpu":
+            cpu_environment(cpu_core)
         self.llm = self._start(device, dtype, max_num_seqs, seed, dict(engine_args or {}))
 
     def _start(self, device: str, dtype: str, max_num_seqs: int, seed: int, extra: dict):
-        if device == "cpu":
-            cpu_environment()
         vllm = import_vllm()
         args = dict(
             model=str(self.model_path),

@@ -24,18 +24,19 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
+from tlt.backends import check_backend_config, engine_from_config
 from tlt.backends.base import DecodeStepStats, FinishReason, Rollout, SamplingParams
-from tlt.backends.native import NativeEngine
 from tlt.config import ConfigError, RunConfig
 from tlt.data.prompts import format_prompt
 from tlt.data.rewards import math_rewards
 from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
-from tlt.schedulers.tuners import tuner_from_config
 from tlt.training.drafter_buffer import DrafterBuffer
 from tlt.training.grpo import (
     GRPOBatch,
@@ -139,8 +140,7 @@ def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
 
 def check_rl_config(cfg: RunConfig) -> None:
     """What the RL loop needs beyond each section's own validation; raises ConfigError."""
-    if cfg.rollout.backend != "native":
-        raise ConfigError(f"rollout.backend: got {cfg.rollout.backend!r}; the RL loop drives 'native' only")
+    check_backend_config(cfg)
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature: GRPO needs sampled groups, got 0 (greedy); use e.g. 1.0")
     if cfg.rollout.samples_per_prompt < 2:
@@ -192,18 +192,20 @@ class RLTrainer:
         self.generator = torch.Generator().manual_seed(cfg.seed)  # minibatch order
         self.sampler = ProblemSampler(problems, cfg.rollout.prompts_per_step, cfg.seed)
         sd = cfg.speculative.enabled
-        self.engine = NativeEngine(
-            copy.deepcopy(self.policy),
-            tokenizer.eos_token_id,
-            cfg.rollout.max_seq_len,
-            tuner=tuner_from_config(cfg.speculative) if sd else None,
-            device=self.device,
-            truncate_prompts="left",
-        )
         self.drafter = (drafter or initial_drafter(cfg, self.policy)) if sd else None
+        self.engine = engine_from_config(cfg, self.policy, tokenizer, self.drafter, self.device, self._engine_dir())
         self.buffer, self.stepper = self._drafter_training()
         self.version, self.step_index = 0, 0
         self._push()
+
+    def close(self) -> None:
+        """Shut the rollout engine down (a vllm / sglang engine runs in processes of its own)."""
+        self.engine.close()
+
+    def _engine_dir(self) -> Path:
+        """Where a folder-based engine (vllm, sglang) keeps its model copy and weight updates."""
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        return Path(self.cfg.output_dir) / "engine" / f"rank{rank}"
 
     def _drafter_training(self) -> tuple[DrafterBuffer | None, DrafterStepper | None]:
         """The buffer and stepper when the drafter trains online (SD on, policy not `never`), else Nones."""

@@ -116,6 +116,7 @@ def _train(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
                 save_checkpoint(out, trainer, history)
     finally:
         log.close()
+        trainer.close()
     return _finish(cfg, out, history)
 
 
@@ -222,6 +223,7 @@ def _rank_main(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     finally:
         if log is not None:
             log.close()
+        trainer.close()
     digests = [None] * world
     dist.all_gather_object(digests, weights_digest(trainer))
     summary = None

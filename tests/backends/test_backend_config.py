@@ -1,0 +1,60 @@
+"""Choosing a backend from a run config: clear errors before anything loads, an install hint without vLLM."""
+
+import importlib.util
+
+import pytest
+
+from tests.tiny_model import save_random_target
+from tlt.backends import check_backend_config
+from tlt.config import ConfigError, load_config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["rollout.backend=vllm", "speculative.tuner=cost"], "runs one SD schedule fixed at engine start"),
+        (["rollout.backend=sglang", "speculative.tuner=ucb1"], "speculative.tuner=fixed"),
+        (
+            [
+                "rollout.backend=vllm",
+                "speculative.tuner=fixed",
+                "speculative.strategies=['3_1_4']",
+                "drafter.kind=small_lm",
+            ],
+            "eagle or ngram",
+        ),
+        (
+            [
+                "rollout.backend=sglang",
+                "speculative.tuner=fixed",
+                "speculative.strategies=['3_1_4']",
+                "drafter.kind=ngram",
+            ],
+            "eagle drafters",
+        ),
+    ],
+)
+def test_backend_config_errors_name_the_key(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        check_backend_config(load_config(None, overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["rollout.backend=vllm", "speculative.enabled=false"],
+        ["rollout.backend=vllm", "speculative.tuner=fixed", "speculative.strategies=['4_1_5']"],
+        ["rollout.backend=native", "speculative.tuner=cost"],
+    ],
+)
+def test_supported_backend_configs_pass(overrides):
+    check_backend_config(load_config(None, overrides))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_missing_vllm_gives_an_install_hint(tmp_path):
+    from tlt.backends.vllm import VLLMEngine
+
+    folder = save_random_target(tmp_path / "target")
+    with pytest.raises(ImportError, match="make vllm-env"):
+        VLLMEngine(folder, None, 64)
