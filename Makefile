@@ -25,13 +25,13 @@ vllm-env:
 quickstart: install
 	tlt train configs/quickstart.yaml
 
-# the default suite, then the vLLM rows of the backend contract suite in the vLLM environment
+# the default suite, then the vLLM (and, without a GPU, skipped SGLang) tests in the vLLM environment
 test: install vllm-env
 	$(PYTHON) -m pytest -q
-	$(VLLM_PYTHON) -m pytest -q -m vllm
+	$(VLLM_PYTHON) -m pytest -q -rs -m "vllm or gpu"
 
 test-vllm: vllm-env
-	$(VLLM_PYTHON) -m pytest -q -m vllm
+	$(VLLM_PYTHON) -m pytest -q -rs -m "vllm or gpu"
 
 test-slow: install
 	$(PYTHON) -m pytest -q -m slow

@@ -32,6 +32,10 @@ from tlt.config import ConfigError, load_config
             ],
             "eagle drafters",
         ),
+        (
+            ["rollout.backend=sglang", "speculative.tuner=fixed", "speculative.strategies=['3_1_4']"],
+            "scheduler.policy=never",
+        ),
     ],
 )
 def test_backend_config_errors_name_the_key(overrides, match):

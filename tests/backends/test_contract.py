@@ -24,7 +24,7 @@ from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.small_lm import SmallLMDrafter
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners.base import FixedTuner
-from tlt.training.weight_push import push
+from tlt.training.weight_push import PushError, push
 
 MAX_SEQ = 128
 PROMPTS = [[5, 6, 7, 8, 9], [10, 11], [12, 13, 14, 15, 16, 17, 18, 19], [40]]
@@ -200,11 +200,15 @@ def test_greedy_equals_native(engines, reference, setup):
     assert rollouts[0].finish_reason is FinishReason.STOP
 
 
-@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
 def test_logprobs_are_the_targets(engines, temperature):
     """log_softmax(logits / T) of each sampled token (T = 1 when greedy), from an HF forward pass."""
     params = SamplingParams(temperature=temperature, max_new_tokens=12, seed=1)
     scale = temperature or 1.0
+    if engines.backend == "sglang" and temperature not in (0.0, 1.0):  # its log-probs are unscaled
+        with pytest.raises(UnsupportedFeatureError, match="temperature 1"):
+            engines.get("eagle").generate(PROMPTS, params)
+        return
     for prompt, r in zip(PROMPTS, engines.get("eagle").generate(PROMPTS, params), strict=True):
         with torch.no_grad():
             logits = engines.target(torch.tensor([prompt + r.token_ids.tolist()])).logits[0]
@@ -251,6 +255,10 @@ def test_drafter_update_takes_effect_and_keeps_greedy_output(engines, reference,
     truth = _truth(reference, engines.eos, looping, SamplingParams(temperature=0, max_new_tokens=40))
     assert _tokens(engine.generate(looping, SamplingParams(temperature=0, max_new_tokens=40))) == truth
     assert sum(s.accepted_tokens for s in engine.step_stats) == 0
+    if not engine.capabilities.drafter_hot_swap:
+        with pytest.raises(PushError, match="new SGLangEngine"):
+            push(engine, engines.target.state_dict(), copy_drafter(engines.target), version=1)
+        return
     try:
         push(engine, engines.target.state_dict(), copy_drafter(engines.target), version=1)
         assert _tokens(engine.generate(looping, SamplingParams(temperature=0, max_new_tokens=40))) == truth
@@ -263,16 +271,21 @@ def test_drafter_update_takes_effect_and_keeps_greedy_output(engines, reference,
 def test_speculative_sampling_keeps_the_targets_distribution(engines, repeated):
     """Chi-square test of homogeneity (alpha = 0.001 per position) between the tokens at positions 1-3 of
     3000 samples with SD (copy drafter, which gets drafts accepted) and 3000 without."""
-    engine = engines.get("eagle")
     params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=11)
     prompt = [repeated]
     plain = _padded(engines.get("plain").generate(prompt, params, n=3000))
+    hot_swap = engines.get("eagle").capabilities.drafter_hot_swap
+    engine = engines.get("eagle") if hot_swap else engines.build(copy_drafter(engines.target), STRATEGY)
     try:
-        engine.set_drafter(copy_drafter(engines.target))
+        if hot_swap:
+            engine.set_drafter(copy_drafter(engines.target))
         rollouts = engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=4, seed=12), n=3000)
         assert sum(s.accepted_tokens for s in engine.step_stats) > 500  # the test exercises acceptance
     finally:
-        engine.set_drafter(dead_drafter(engines.target))
+        if hot_swap:
+            engine.set_drafter(dead_drafter(engines.target))
+        else:
+            engine.close()
     spec = _padded(rollouts)
     for position in range(1, 4):
         table = _contingency(plain[:, position], spec[:, position])

@@ -34,6 +34,11 @@ def check_backend_config(cfg: RunConfig) -> None:
         raise ConfigError(f"drafter.kind: rollout.backend=vllm runs eagle or ngram drafters, got {cfg.drafter.kind!r}")
     if backend == "sglang" and cfg.drafter.kind != "eagle":
         raise ConfigError(f"drafter.kind: rollout.backend=sglang runs eagle drafters, got {cfg.drafter.kind!r}")
+    if backend == "sglang" and cfg.scheduler.policy != "never":
+        raise ConfigError(
+            "scheduler.policy: rollout.backend=sglang cannot reload a draft model in place, so the drafter stays "
+            f"frozen: set scheduler.policy=never (got {cfg.scheduler.policy!r}), or use the native or vllm backend"
+        )
 
 
 def engine_from_config(
@@ -88,4 +93,5 @@ def engine_from_config(
         return VLLMEngine(folder, tokenizer.eos_token_id, r.max_seq_len, device=device.type, cpu_core=core, **options)
     from tlt.backends.sglang import SGLangEngine
 
+    options["sd_max_batch"] = None  # SGLang has no batch-size schedule: SD at every batch size
     return SGLangEngine(folder, tokenizer.eos_token_id, r.max_seq_len, device=device.type, **options)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -129,6 +131,53 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, truncate: 
             ids = ids[-limit:]
         out.append(ids)
     return out
+
+
+@dataclass(frozen=True)
+class TargetShapes:
+    """Names and shapes of a target's checkpoint tensors, read from its HF folder without building the model
+    (what folder-based engines check weight updates and drafters against)."""
+
+    shapes: dict[str, tuple[int, ...]]
+    tied: frozenset[str]  # names a state dict may hold that the checkpoint omits (a tied LM head)
+    hidden_size: int
+    vocab_size: int
+    max_positions: int
+
+    @classmethod
+    def read(cls, folder: Path) -> TargetShapes:
+        from safetensors import safe_open
+
+        if not (folder / "config.json").is_file():
+            raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{folder} has no *.safetensors weights (save it with save_pretrained)")
+        shapes = {}
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
+        config = json.loads((folder / "config.json").read_text())
+        tied = frozenset({"lm_head.weight"} if config.get("tie_word_embeddings") else ())
+        return cls(
+            shapes, tied, config["hidden_size"], config["vocab_size"], config.get("max_position_embeddings", 2048)
+        )
+
+    def check(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        """Raise (KeyError / ValueError) unless every name and shape of `state_dict` fits."""
+        unknown = sorted(set(state_dict) - set(self.shapes) - self.tied)
+        if unknown:
+            raise KeyError(
+                f"update_weights: unknown parameter names {unknown[:5]}; expected HF names like "
+                f"{next(iter(self.shapes))!r}"
+            )
+        bad = [
+            f"{k}: got {tuple(v.shape)}, model has {self.shapes[k]}"
+            for k, v in state_dict.items()
+            if k in self.shapes and tuple(v.shape) != self.shapes[k]
+        ]
+        if bad:
+            raise ValueError(f"update_weights: shape mismatch, nothing was loaded: {'; '.join(bad[:5])}")
 
 
 class UnsupportedFeatureError(RuntimeError):

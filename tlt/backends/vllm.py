@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
 import os
 import shutil
 import tempfile
@@ -38,6 +37,7 @@ from tlt.backends.base import (
     FinishReason,
     Rollout,
     SamplingParams,
+    TargetShapes,
     UnsupportedFeatureError,
     check_prompts,
 )
@@ -168,7 +168,7 @@ class VLLMEngine:
         if (drafter is None) != (strategy is None):
             raise ValueError("give a drafter and a strategy together (or neither, for plain decoding)")
         self.model_path = Path(model_path)
-        self.target = _target_shapes(self.model_path)
+        self.target = TargetShapes.read(self.model_path)
         limit = self.target.max_positions
         if not 2 <= max_seq_len <= limit:
             raise ValueError(f"max_seq_len must be in [2, max_position_embeddings={limit}], got {max_seq_len}")
@@ -280,19 +280,7 @@ class VLLMEngine:
 
     def check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         """Raise (KeyError / ValueError) unless every name and shape fits the target; changes nothing."""
-        shapes = self.target.shapes
-        unknown = sorted(set(state_dict) - set(shapes) - self.target.tied)
-        if unknown:
-            raise KeyError(
-                f"update_weights: unknown parameter names {unknown[:5]}; expected HF names like {next(iter(shapes))!r}"
-            )
-        bad = [
-            f"{k}: got {tuple(v.shape)}, model has {shapes[k]}"
-            for k, v in state_dict.items()
-            if k in shapes and tuple(v.shape) != shapes[k]
-        ]
-        if bad:
-            raise ValueError(f"update_weights: shape mismatch, nothing was loaded: {'; '.join(bad[:5])}")
+        self.target.check(state_dict)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         """Write the tensors as a safetensors folder and reload them into the engine in place."""
@@ -384,36 +372,6 @@ class VLLMEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-@dataclasses.dataclass(frozen=True)
-class _TargetShapes:
-    """Names and shapes of the target's checkpoint tensors, read from its folder (no model is built)."""
-
-    shapes: dict[str, tuple[int, ...]]
-    tied: frozenset[str]  # names a state dict may hold that the checkpoint omits (a tied LM head)
-    hidden_size: int
-    vocab_size: int
-    max_positions: int
-
-
-def _target_shapes(folder: Path) -> _TargetShapes:
-    from safetensors import safe_open
-
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{folder} has no *.safetensors weights; vLLM needs them (save_pretrained)")
-    shapes = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
-    config = json.loads((folder / "config.json").read_text())
-    tied = frozenset({"lm_head.weight"} if config.get("tie_word_embeddings") else ())
-    return _TargetShapes(
-        shapes, tied, config["hidden_size"], config["vocab_size"], config.get("max_position_embeddings", 2048)
-    )
 
 
 def _rollouts(output, prompt_index: int, prompt: list[int]) -> list[Rollout]:

@@ -1,0 +1,224 @@
+"""The SGLang rollout backend: SGLang's offline engine (`sglang.Engine`) behind the `RolloutEngine` contract.
+
+GPU only (SGLang has no CPU build), written against SGLang's documented offline API and imported only when
+chosen; the contract suite (tests/backends/test_contract.py) runs it when a CUDA GPU and SGLang are present.
+What maps onto SGLang (`CAPABILITIES`):
+
+- EAGLE speculative decoding with a tlt EAGLE drafter exported to SGLang's EAGLE-1 folder
+  (`tlt.drafters.export`, with the zero biases SGLang's layout has), with trees: a strategy
+  `steps_topk_verifytokens` is SGLang's speculative_num_steps / speculative_eagle_topk /
+  speculative_num_draft_tokens. SD is on at every batch size (no batch-size schedule) and the strategy is
+  fixed when the engine starts.
+- Policy weights updated in place from tensors (`update_weights_from_tensor`, cache flushed). The draft model
+  is not reloaded in place (SGLang's tensor update targets the target model), so a new drafter needs a new
+  engine: RL runs with this backend keep the drafter frozen (scheduler.policy=never).
+- Log-probs: SGLang returns log-probs of the unscaled distribution, so sampling is limited to temperature 1
+  (or greedy), where they are the contract's; top-k / top-p are refused for the same reason.
+- No hidden states and no per-iteration stats (`step_stats`: two aggregates per call, from SGLang's verify
+  counts).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from tlt.backends.base import (
+    Capabilities,
+    DecodeStepStats,
+    FinishReason,
+    Rollout,
+    SamplingParams,
+    TargetShapes,
+    UnsupportedFeatureError,
+    check_prompts,
+)
+from tlt.drafters.base import Drafter, DrafterMismatchError
+from tlt.speculative.strategy import SpecStrategy
+
+CAPABILITIES = Capabilities(
+    per_step_strategy=False,
+    drafter_hot_swap=False,
+    hidden_states=False,
+    tree_drafts=True,
+    drafters=("eagle",),
+    per_step_stats=False,
+)
+INSTALL_HINT = "the sglang backend needs SGLang on a CUDA machine: `pip install 'tlt[sglang]'` (no CPU build exists)"
+
+
+def import_sglang():
+    """The `sglang` module, or an ImportError that says how to install it."""
+    try:
+        import sglang
+    except ImportError as err:
+        raise ImportError(f"{INSTALL_HINT} ({err})") from None
+    return sglang
+
+
+class SGLangEngine:
+    """RolloutEngine over SGLang for an HF Qwen2 / Llama folder (arguments as `tlt.backends.vllm.VLLMEngine`;
+    `sd_max_batch` must stay None: SGLang has no batch-size schedule for SD)."""
+
+    capabilities = CAPABILITIES
+    tuner = None
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        eos_token_id: int | None,
+        max_seq_len: int,
+        drafter: Drafter | None = None,
+        strategy: SpecStrategy | str | None = None,
+        sd_max_batch: int | None = None,
+        device: str = "cuda",
+        dtype: str = "float32",
+        truncate_prompts: str | None = None,
+        work_dir: str | Path | None = None,
+        seed: int = 0,
+        engine_args: Mapping | None = None,
+    ):
+        if device != "cuda":
+            raise UnsupportedFeatureError(f"the sglang backend runs on CUDA only, got device={device!r}")
+        if (drafter is None) != (strategy is None):
+            raise ValueError("give a drafter and a strategy together (or neither, for plain decoding)")
+        if sd_max_batch is not None:
+            raise UnsupportedFeatureError("the sglang backend has no batch-size schedule for SD: use sd_max_batch=None")
+        if drafter is not None and drafter.kind not in CAPABILITIES.drafters:
+            raise UnsupportedFeatureError(f"the sglang backend runs eagle drafters, not {drafter.kind!r}")
+        self.model_path, self.target = Path(model_path), TargetShapes.read(Path(model_path))
+        self.eos_token_id, self.max_seq_len, self.truncate_prompts = eos_token_id, max_seq_len, truncate_prompts
+        self.strategy = None if strategy is None else SpecStrategy.parse(strategy)
+        self.work_dir = Path(work_dir) if work_dir is not None else self.model_path.parent / "sglang-engine"
+        self.drafter: Drafter | None = None
+        args = dict(
+            model_path=str(self.model_path),
+            dtype=dtype,
+            context_length=max_seq_len,
+            random_seed=seed,
+            skip_tokenizer_init=True,
+        )
+        if drafter is not None:
+            self.check_drafter(drafter)
+            from tlt.drafters.export import export_eagle
+
+            folder = export_eagle(drafter, self.work_dir / "drafter", engine="sglang")
+            args |= dict(
+                speculative_algorithm="EAGLE",
+                speculative_draft_model_path=str(folder),
+                speculative_num_steps=self.strategy.steps,
+                speculative_eagle_topk=self.strategy.topk,
+                speculative_num_draft_tokens=self.strategy.verify_tokens,
+            )
+            self.drafter = drafter
+        args.update(engine_args or {})
+        self.engine = import_sglang().Engine(**args)
+        self.weights_version: int | None = None
+        self.step_stats: list[DecodeStepStats] = []
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1) -> list[Rollout]:
+        """n samples per prompt, grouped by prompt; sample i of prompt p is seeded seed + p * n + i."""
+        if n < 1:
+            raise ValueError(f"n (samples per prompt) must be >= 1, got {n}")
+        if sampling.top_k or sampling.top_p < 1 or sampling.temperature not in (0.0, 1.0):
+            raise UnsupportedFeatureError(
+                "the sglang backend returns log-probs of the unscaled distribution: sample at temperature 1 "
+                "(or greedy) without top-k / top-p, or use the native backend"
+            )
+        self.step_stats = []
+        if len(prompts) == 0:
+            return []
+        ids = check_prompts(prompts, self.max_seq_len, self.truncate_prompts)
+        inputs = [p for p in ids for _ in range(n)]
+        params = [self._params(sampling, len(p), k) for k, p in enumerate(inputs)]
+        start = time.perf_counter()
+        outputs = self.engine.generate(input_ids=inputs, sampling_params=params, return_logprob=True)
+        seconds = time.perf_counter() - start
+        rollouts = [_rollout(out, k // n, k % n, inputs[k]) for k, out in enumerate(outputs)]
+        self._record(outputs, sum(r.token_ids.numel() for r in rollouts), seconds)
+        return rollouts
+
+    def _params(self, sampling: SamplingParams, prompt_len: int, k: int) -> dict:
+        params = {
+            "temperature": sampling.temperature,
+            "max_new_tokens": min(sampling.max_new_tokens, self.max_seq_len - prompt_len),
+            "ignore_eos": True,  # eos_token_id (stop_token_ids) is the only stop rule
+            "stop_token_ids": [] if self.eos_token_id is None else [self.eos_token_id],
+        }
+        if sampling.seed is not None:
+            params["sampling_seed"] = sampling.seed + k
+        return params
+
+    def _record(self, outputs: list[dict], tokens: int, seconds: float) -> None:
+        """SD is on at every step: all tokens but each sample's first (from prefill) come from verifies."""
+        verifies = sum(out["meta_info"].get("spec_verify_ct", 0) for out in outputs) if self.drafter else 0
+        sd_tokens = tokens - len(outputs) if verifies else 0
+        share = sd_tokens / tokens if tokens else 0.0
+        if verifies:
+            accepted = sd_tokens - verifies
+            drafted = verifies * (self.strategy.verify_tokens - 1)
+            self.step_stats.append(
+                DecodeStepStats(verifies, True, str(self.strategy), drafted, accepted, sd_tokens, seconds * share)
+            )
+        self.step_stats.append(
+            DecodeStepStats(len(outputs), False, None, 0, 0, tokens - sd_tokens, seconds * (1 - share))
+        )
+
+    def check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.target.check(state_dict)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
+        """Load the tensors into the running engine in place (SGLang flushes its cache afterwards)."""
+        self.check_weights(state_dict)
+        named = [(k, v.detach()) for k, v in state_dict.items() if k in self.target.shapes]
+        self.engine.update_weights_from_tensor(named_tensors=named, flush_cache=True)
+        self.weights_version = version
+
+    def check_drafter(self, drafter: Drafter | None) -> None:
+        """Only the running drafter itself (or a copy with equal weights) can be installed: SGLang does not
+        reload a draft model in place."""
+        if drafter is None and self.drafter is None:
+            return
+        if drafter is None or self.drafter is None or drafter.kind != "eagle":
+            raise UnsupportedFeatureError(
+                "this SGLang engine cannot switch drafters while running; build a new SGLangEngine"
+            )
+        cfg, target = drafter.config, self.target
+        if (cfg.hidden_size, cfg.vocab_size) != (target.hidden_size, target.vocab_size):
+            raise DrafterMismatchError(
+                f"EAGLE drafter was built for hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size} but the "
+                f"target has hidden_size={target.hidden_size}, vocab_size={target.vocab_size}"
+            )
+        running = self.drafter.head.state_dict()
+        if any(not torch.equal(v.cpu(), running[k].cpu()) for k, v in drafter.head.state_dict().items()):
+            raise UnsupportedFeatureError(
+                "SGLang does not reload a draft model in place: new drafter weights need a new SGLangEngine "
+                "(RL with rollout.backend=sglang keeps the drafter frozen: scheduler.policy=never)"
+            )
+
+    def set_drafter(self, drafter: Drafter | None) -> None:
+        self.check_drafter(drafter)
+        self.drafter = drafter
+
+    def close(self) -> None:
+        engine, self.engine = getattr(self, "engine", None), None
+        if engine is not None:
+            engine.shutdown()
+
+
+def _rollout(out: dict, prompt_index: int, sample_index: int, prompt: list[int]) -> Rollout:
+    meta = out["meta_info"]
+    tokens = list(out["output_ids"])
+    logprobs = [entry[0] for entry in meta["output_token_logprobs"]][: len(tokens)]
+    reason = (meta.get("finish_reason") or {}).get("type")
+    return Rollout(
+        prompt_index=prompt_index,
+        sample_index=sample_index,
+        prompt_ids=torch.tensor(prompt, dtype=torch.long),
+        token_ids=torch.tensor(tokens, dtype=torch.long),
+        logprobs=torch.tensor(logprobs, dtype=torch.float32),
+        finish_reason=FinishReason.STOP if reason == "stop" else FinishReason.LENGTH,
+    )
