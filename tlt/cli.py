@@ -1,4 +1,4 @@
-"""The `tlt` command: bootstrap, evaluate, train-drafter, train, bench, sweep, parity."""
+"""The `tlt` command: bootstrap, evaluate, train-drafter, export-drafter, train, bench, sweep, parity."""
 
 from __future__ import annotations
 
@@ -70,6 +70,26 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     report = run_train_drafter(cfg, args.model, out, progress=not args.quiet)
     print(f"[tlt] EAGLE drafter saved to {out}")
     print(json.dumps(asdict(report), indent=2))
+    return 0
+
+
+def cmd_export_drafter(args: argparse.Namespace) -> int:
+    from tlt.drafters import load_drafter
+    from tlt.drafters.export import export_eagle
+
+    drafter = load_drafter(args.drafter)
+    if drafter.kind != "eagle":
+        print(
+            f"tlt export-drafter: error: {args.drafter} holds a {drafter.kind} drafter; only EAGLE heads export",
+            file=sys.stderr,
+        )
+        return 2
+    path = export_eagle(drafter, args.output, engine=args.engine)
+    loader = {
+        "vllm": f'speculative_config={{"method": "eagle", "model": "{path}", "num_speculative_tokens": K}}',
+        "sglang": f"--speculative-algorithm EAGLE --speculative-draft-model-path {path}",
+    }[args.engine]
+    print(f"[tlt] EAGLE-1 folder for {args.engine} written to {path}; load it with {loader}")
     return 0
 
 
@@ -196,6 +216,12 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.add_argument("--force", action="store_true", help="redo the run even if card.json exists")
     p.add_argument("overrides", nargs="*", help="key=value config overrides, e.g. bootstrap.max_steps=200")
     p.set_defaults(func=cmd_bootstrap)
+
+    p = sub.add_parser("export-drafter", help="write a saved EAGLE drafter as the EAGLE-1 folder vLLM or SGLang loads")
+    p.add_argument("drafter", help="a saved tlt EAGLE drafter folder (tlt train-drafter, or a run's checkpoint)")
+    p.add_argument("output", help="the folder to write")
+    p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="whose EAGLE-1 layout (default vllm)")
+    p.set_defaults(func=cmd_export_drafter)
 
     p = sub.add_parser("evaluate", help="greedy held-out accuracy and response-length percentiles of a model")
     p.add_argument("model", help="HF model folder (e.g. runs/bootstrap-tiny/model)")

@@ -193,6 +193,12 @@ def test_seeded_sampling_is_reproducible_and_samples_differ(engines):
     assert len({tuple(t) for t in first[:4]}) > 1  # the n samples of a prompt are not copies
 
 
+def test_greedy_samples_of_a_prompt_are_equal(engines, reference):
+    rollouts = engines.get("plain").generate(PROMPTS[:2], GREEDY, n=2)
+    assert [(r.prompt_index, r.sample_index) for r in rollouts] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert _tokens(rollouts) == [t for t in _truth(reference, engines.eos, PROMPTS[:2]) for _ in range(2)]
+
+
 @pytest.mark.parametrize("setup", ["plain", "eagle", "ngram"])
 def test_greedy_equals_native(engines, reference, setup):
     rollouts = engines.get(setup).generate(PROMPTS, GREEDY)

@@ -238,7 +238,8 @@ class VLLMEngine:
         start = time.perf_counter()
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         seconds = time.perf_counter() - start
-        rollouts = [r for i, out in enumerate(outputs) for r in _rollouts(out, i, ids[i])]
+        copies = n if sampling.greedy else 1  # vLLM samples greedy requests once: the n samples are equal
+        rollouts = [r for i, out in enumerate(outputs) for r in _rollouts(out, i, ids[i], copies)]
         samples = [sample for out in outputs for sample in out.outputs]
         self._record(samples, sum(r.token_ids.numel() for r in rollouts), seconds)
         return rollouts
@@ -248,7 +249,7 @@ class VLLMEngine:
         vllm = import_vllm()
         stop = [] if self.eos_token_id is None else [self.eos_token_id]
         return vllm.SamplingParams(
-            n=n,
+            n=1 if sampling.greedy else n,
             temperature=sampling.temperature,
             max_tokens=min(sampling.max_new_tokens, self.max_seq_len - prompt_len),
             seed=None if sampling.seed is None else sampling.seed + index * n,
@@ -374,21 +375,22 @@ class VLLMEngine:
         self.close()
 
 
-def _rollouts(output, prompt_index: int, prompt: list[int]) -> list[Rollout]:
-    """The Rollouts of one vLLM RequestOutput, in sample order."""
+def _rollouts(output, prompt_index: int, prompt: list[int], copies: int = 1) -> list[Rollout]:
+    """The Rollouts of one vLLM RequestOutput in sample order, each sample repeated `copies` times."""
     prompt_ids = torch.tensor(prompt, dtype=torch.long)
     out = []
     for sample in sorted(output.outputs, key=lambda c: c.index):
         tokens = list(sample.token_ids)
         logprobs = [step[token].logprob for step, token in zip(sample.logprobs, tokens, strict=True)]
-        out.append(
-            Rollout(
-                prompt_index=prompt_index,
-                sample_index=sample.index,
-                prompt_ids=prompt_ids,
-                token_ids=torch.tensor(tokens, dtype=torch.long),
-                logprobs=torch.tensor(logprobs, dtype=torch.float32),
-                finish_reason=FinishReason.STOP if sample.finish_reason == "stop" else FinishReason.LENGTH,
+        for _ in range(copies):
+            out.append(
+                Rollout(
+                    prompt_index=prompt_index,
+                    sample_index=len(out),
+                    prompt_ids=prompt_ids,
+                    token_ids=torch.tensor(tokens, dtype=torch.long),
+                    logprobs=torch.tensor(logprobs, dtype=torch.float32),
+                    finish_reason=FinishReason.STOP if sample.finish_reason == "stop" else FinishReason.LENGTH,
+                )
             )
-        )
     return out
