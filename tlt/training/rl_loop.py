@@ -38,6 +38,7 @@ from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
 from tlt.training.drafter_buffer import DrafterBuffer
+from tlt.training.drafter_checkpoint import AsyncDrafterCheckpoint, load_drafter_checkpoint
 from tlt.training.grpo import (
     GRPOBatch,
     GRPOModule,
@@ -88,6 +89,7 @@ class StepMetrics:
     spot_steps: int = 0  # drafter micro-steps run in idle time, while another rank still rolled out (`spot`)
     idle_seconds: float = 0.0  # time ranks waited between their own share's end and the last rank's
     idle_train_seconds: float = 0.0  # of that idle time, seconds spent in drafter micro-steps
+    drafter_checkpoint_seconds: float = 0.0  # the step blocked this long for its async drafter checkpoint
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -196,11 +198,38 @@ class RLTrainer:
         self.engine = engine_from_config(cfg, self.policy, tokenizer, self.drafter, self.device, self._engine_dir())
         self.buffer, self.stepper = self._drafter_training()
         self.version, self.step_index = 0, 0
+        self.drafter_checkpoint = self._drafter_checkpoint()
         self._push()
 
     def close(self) -> None:
-        """Shut the rollout engine down (a vllm / sglang engine runs in processes of its own)."""
-        self.engine.close()
+        """Finish the drafter checkpoint in flight and shut the rollout engine down (a vllm / sglang engine runs
+        in processes of its own)."""
+        try:
+            if self.drafter_checkpoint is not None:
+                self.drafter_checkpoint.wait()
+        finally:
+            self.engine.close()
+
+    def _drafter_checkpoint(self) -> AsyncDrafterCheckpoint | None:
+        """The async drafter checkpoint of a run that trains its drafter (written by rank 0 alone), and the
+        drafter optimizer state restored when drafter.path is such a checkpoint."""
+        if self.stepper is None:
+            return None
+        if self.cfg.drafter.path:
+            _, state = load_drafter_checkpoint(self.cfg.drafter.path)
+            if state is not None and state["optimizer"] is not None:
+                self.stepper.optimizer.load_state_dict(state["optimizer"])
+        every = self.cfg.train.drafter_checkpoint_every
+        lead = not dist.is_initialized() or dist.get_rank() == 0
+        return AsyncDrafterCheckpoint(Path(self.cfg.output_dir) / "drafter_latest") if every and lead else None
+
+    def _checkpoint_drafter(self, metrics: StepMetrics) -> StepMetrics:
+        """Start this step's async drafter checkpoint when due; metrics with the seconds it blocked."""
+        every = self.cfg.train.drafter_checkpoint_every
+        if self.drafter_checkpoint is None or (self.step_index + 1) % every:
+            return metrics
+        blocked = self.drafter_checkpoint.save(self.drafter, self.stepper.optimizer, self.step_index + 1, self.version)
+        return dataclasses.replace(metrics, drafter_checkpoint_seconds=blocked)
 
     def _engine_dir(self) -> Path:
         """Where a folder-based engine (vllm, sglang) keeps its model copy and weight updates."""
@@ -264,6 +293,7 @@ class RLTrainer:
             drafter_loss=sum(drafter_losses) / len(drafter_losses) if drafter_losses else None,
             buffer_samples=0 if self.buffer is None else len(self.buffer),
         )
+        metrics = self._checkpoint_drafter(metrics)
         self.step_index += 1
         return metrics
 
