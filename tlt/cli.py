@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError) as err:
+    except (ConfigError, FileNotFoundError, ImportError) as err:  # ImportError: a missing optional package
         print(f"tlt {args.command}: error: {err}", file=sys.stderr)
         return 2
 

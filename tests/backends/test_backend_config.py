@@ -62,3 +62,22 @@ def test_missing_vllm_gives_an_install_hint(tmp_path):
     folder = save_random_target(tmp_path / "target")
     with pytest.raises(ImportError, match="make vllm-env"):
         VLLMEngine(folder, None, 64)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_tlt_train_with_vllm_missing_prints_the_hint(tmp_path, capsys):
+    from tests.tiny_model import save_math_policy
+    from tlt.cli import main
+
+    save_math_policy(tmp_path / "model")
+    args = ["train", "configs/vllm.yaml", f"model.path={tmp_path / 'model'}", "model.preset=test", "grpo.steps=1"]
+    assert main([*args, "--output-dir", str(tmp_path / "run")]) == 2
+    assert "make vllm-env" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is not None, reason="sglang is installed here")
+def test_missing_sglang_gives_an_install_hint():
+    from tlt.backends.sglang import import_sglang
+
+    with pytest.raises(ImportError, match="tlt\\[sglang\\]"):
+        import_sglang()

@@ -1,0 +1,121 @@
+"""Spot drafter training overhead: the same multi-process `tlt train` run under scheduler.policy = never, spot
+and between_steps.
+
+`spot` trains the drafter on ranks whose rollout share is done while the others still decode (the long-tail
+wait); `between_steps` trains `scheduler.between_steps_budget` micro-steps after the rollout (time added to the
+step); `never` keeps it frozen. Reported per policy, medians over the steps after the first: rollout seconds
+(spot must not slow the rollout down: goal within 3% of never), step seconds, drafter micro-steps per RL step,
+idle seconds (ranks waiting for the last share) and the part of it spent training. Runs go one after another
+(each spawns its own ranks), `--rounds` times in turn.
+
+  OMP_NUM_THREADS=1 python -m eval.bench_spot --config configs/tlt.yaml --steps 8 --rounds 2 --out runs/bench-spot \
+      train.devices=2 drafter.path=runs/quickstart/drafter
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from tlt.machine import describe_machine
+from tlt.models.io import atomic_write_json, atomic_write_text
+
+POLICIES = ("never", "spot", "between_steps")
+PARTS = ("rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds")
+
+
+def run_policy(args, policy: str, round_: int) -> list[dict]:
+    out = Path(args.out) / f"{policy}-{round_}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "tlt.cli",
+        "train",
+        args.config,
+        f"scheduler.policy={policy}",
+        f"grpo.steps={args.steps}",
+        "train.tensorboard=false",
+        f"output_dir={out}",
+        *args.overrides,
+    ]
+    print("[bench] " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+    with open(out / "metrics.csv") as f:
+        return list(csv.DictReader(f))[1:]  # the first step warms up engines and allocators
+
+
+def summarize(rows: list[dict]) -> dict:
+    def med(key: str) -> float:
+        return statistics.median(float(r[key]) for r in rows)
+
+    return {
+        "rollout_seconds": med("rollout_seconds"),
+        "step_seconds": statistics.median(sum(float(r[p]) for p in PARTS) for r in rows),
+        "drafter_seconds": med("drafter_seconds"),
+        "drafter_steps": med("drafter_steps"),
+        "spot_steps": med("spot_steps"),
+        "idle_seconds": med("idle_seconds"),
+        "idle_train_seconds": med("idle_train_seconds"),
+        "accept_length": med("accept_length"),
+        "steps": len(rows),
+    }
+
+
+def render(report: dict) -> str:
+    s, rows = report["settings"], report["policies"]
+    never = rows["never"]["rollout_seconds"]
+    lines = [
+        "# Spot drafter training: overhead and idle time used",
+        "",
+        f"`tlt train {s['config']} {' '.join(s['overrides'])}` with {s['steps']} steps per run, {s['rounds']} "
+        "round(s) of the three policies in turn; medians over all steps after each run's first.",
+        "",
+        "| policy | rollout s | vs never | step s | drafter s | drafter steps / RL step | spot steps | idle s "
+        "| idle s training | accept length |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, r in rows.items():
+        lines.append(
+            f"| {name} | {r['rollout_seconds']:.2f} | {r['rollout_seconds'] / never - 1:+.1%} | "
+            f"{r['step_seconds']:.2f} | {r['drafter_seconds']:.2f} | {r['drafter_steps']:.0f} | "
+            f"{r['spot_steps']:.0f} | {r['idle_seconds']:.2f} | {r['idle_train_seconds']:.2f} | "
+            f"{r['accept_length']:.2f} |"
+        )
+    lines += ["", "Machine: " + json.dumps(report["machine"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/tlt.yaml")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--out", required=True)
+    p.add_argument("overrides", nargs="*", help="key=value overrides for every run (e.g. train.devices=2)")
+    args = p.parse_args(argv)
+    policies = args.policies.split(",")
+    rows = {policy: [] for policy in policies}
+    for round_ in range(args.rounds):
+        for policy in policies:
+            rows[policy] += run_policy(args, policy, round_)
+    report = {
+        "settings": vars(args),
+        "machine": describe_machine(),
+        "policies": {policy: summarize(r) for policy, r in rows.items()},
+    }
+    out = Path(args.out)
+    atomic_write_json(out / "spot.json", report)
+    text = render(report)
+    atomic_write_text(out / "spot.md", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
