@@ -22,11 +22,9 @@ SD setups share one schedule so they compare like for like: a chain `--strategy`
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +33,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from eval.train_runs import train_metrics  # noqa: E402
 from tlt.backends.base import SamplingParams  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
 from tlt.models.io import atomic_write_json, atomic_write_text  # noqa: E402
@@ -183,22 +182,7 @@ def run_e2e(args) -> dict:
     rows = {}
     for backend in ("native", "vllm"):
         out = Path(args.out) / f"e2e-{backend}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "tlt.cli",
-            "train",
-            args.e2e,
-            f"rollout.backend={backend}",
-            f"grpo.steps={args.steps}",
-            "train.tensorboard=false",
-            f"output_dir={out}",
-            *args.overrides,
-        ]
-        print("[bench] " + " ".join(cmd), flush=True)
-        subprocess.run(cmd, check=True)
-        with open(out / "metrics.csv") as f:
-            metrics = list(csv.DictReader(f))[1:]  # the first step warms engine and allocator up
+        metrics = train_metrics(args.e2e, out, args.steps, [f"rollout.backend={backend}", *args.overrides])
         parts = ("rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds")
         med = {p: statistics.median(float(m[p]) for m in metrics) for p in parts}
         med["step_seconds"] = statistics.median(sum(float(m[p]) for p in parts) for m in metrics)

@@ -15,13 +15,12 @@ idle seconds (ranks waiting for the last share) and the part of it spent trainin
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
+from eval.train_runs import train_metrics
 from tlt.machine import describe_machine
 from tlt.models.io import atomic_write_json, atomic_write_text
 
@@ -31,22 +30,7 @@ PARTS = ("rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds")
 
 def run_policy(args, policy: str, round_: int) -> list[dict]:
     out = Path(args.out) / f"{policy}-{round_}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "tlt.cli",
-        "train",
-        args.config,
-        f"scheduler.policy={policy}",
-        f"grpo.steps={args.steps}",
-        "train.tensorboard=false",
-        f"output_dir={out}",
-        *args.overrides,
-    ]
-    print("[bench] " + " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
-    with open(out / "metrics.csv") as f:
-        return list(csv.DictReader(f))[1:]  # the first step warms up engines and allocators
+    return train_metrics(args.config, out, args.steps, [f"scheduler.policy={policy}", *args.overrides])
 
 
 def summarize(rows: list[dict]) -> dict:

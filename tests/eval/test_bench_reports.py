@@ -1,0 +1,47 @@
+"""Report arithmetic of the backend and spot benchmarks on synthetic measurements."""
+
+from argparse import Namespace
+
+from eval import bench_backends, bench_spot
+
+
+def test_backend_summary_takes_medians_and_ratios_to_native_plain():
+    args = Namespace(
+        temperature=0.0, prompts=2, samples=1, max_new_tokens=8, strategy="3_1_4", sd_max_batch=4, repeats=3
+    )
+    runs = {
+        "native-plain": [{"seconds": s, "tokens": 100, "accept": 0.0} for s in (1.0, 2.0, 4.0)],
+        "vllm-sd": [{"seconds": s, "tokens": 100, "accept": 2.0} for s in (0.5, 1.0, 8.0)],
+    }
+    outputs = {"native-plain": [[1, 2]], "vllm-sd": [[1, 3]]}
+    report = bench_backends.summarize(args, list(runs), runs, {"native-plain": 0.0, "vllm-sd": 20.0}, outputs, 1.0)
+    assert report["rows"]["native-plain"]["tokens_per_s"] == 50.0  # median of 100, 50, 25
+    assert report["rows"]["vllm-sd"]["vs_native_plain"] == 2.0  # median 100 tok/s over 50
+    assert report["greedy_identical_to_native_plain"] == {"native-plain": True, "vllm-sd": False}
+    assert "| vllm-sd | 100 | 2.00x |" in bench_backends.render(report)
+
+
+def test_spot_summary_reports_rollout_change_against_never():
+    def row(rollout, drafter_steps):
+        return {
+            "rollout_seconds": rollout,
+            "train_seconds": 1,
+            "drafter_seconds": 0.5,
+            "push_seconds": 0,
+            "drafter_steps": drafter_steps,
+            "spot_steps": drafter_steps,
+            "idle_seconds": 2,
+            "idle_train_seconds": 1.5,
+            "accept_length": 2,
+        }
+
+    report = {
+        "settings": {"config": "c.yaml", "overrides": [], "steps": 3, "rounds": 1},
+        "machine": {},
+        "policies": {
+            "never": bench_spot.summarize([row(2.0, 0)] * 3),
+            "spot": bench_spot.summarize([row(2.02, 12)] * 3),
+        },
+    }
+    text = bench_spot.render(report)
+    assert "| spot | 2.02 | +1.0% | 3.52 |" in text and "| 12 |" in text
