@@ -179,6 +179,33 @@ class TargetShapes:
         if bad:
             raise ValueError(f"update_weights: shape mismatch, nothing was loaded: {'; '.join(bad[:5])}")
 
+    def check_drafter(self, drafter: Drafter) -> None:
+        """Raise DrafterMismatchError unless an EAGLE drafter's hidden and vocabulary sizes are the target's."""
+        from tlt.drafters.base import DrafterMismatchError
+
+        cfg = drafter.config
+        if (cfg.hidden_size, cfg.vocab_size) != (self.hidden_size, self.vocab_size):
+            raise DrafterMismatchError(
+                f"EAGLE drafter was built for hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size} but the "
+                f"target has hidden_size={self.hidden_size}, vocab_size={self.vocab_size}; train a drafter for "
+                "this target (tlt train-drafter)"
+            )
+
+
+def call_stats(
+    strategy: str | None, verifies: int, drafted: int, accepted: int, samples: int, tokens: int, seconds: float
+) -> list[DecodeStepStats]:
+    """`step_stats` of an engine without per-iteration records: one aggregate of the call's SD verifies (a
+    record per verify and row; each commits its accepted drafts plus one token) and one of the rest, the
+    seconds split by token share."""
+    sd_tokens = verifies + accepted
+    share = sd_tokens / tokens if tokens else 0.0
+    stats = []
+    if verifies:
+        stats.append(DecodeStepStats(verifies, True, strategy, drafted, accepted, sd_tokens, seconds * share))
+    stats.append(DecodeStepStats(samples, False, None, 0, 0, tokens - sd_tokens, seconds * (1 - share)))
+    return stats
+
 
 class UnsupportedFeatureError(RuntimeError):
     """Raised when a backend is asked for something its Capabilities exclude."""

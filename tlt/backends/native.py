@@ -73,11 +73,6 @@ class NativeEngine:
         self.step_stats: list[DecodeStepStats] = []
         self._max_cache_len = 0  # exact max cache length of the running rows, refreshed every step
 
-    @property
-    def max_prompt_len(self) -> int:
-        """Longest prompt accepted: one slot is left for at least one generated token."""
-        return self.max_seq_len - 1
-
     def set_drafter(self, drafter: Drafter | None) -> None:
         if drafter is not None:
             drafter.bind(self.model)

@@ -34,9 +34,10 @@ from tlt.backends.base import (
     SamplingParams,
     TargetShapes,
     UnsupportedFeatureError,
+    call_stats,
     check_prompts,
 )
-from tlt.drafters.base import Drafter, DrafterMismatchError
+from tlt.drafters.base import Drafter
 from tlt.speculative.strategy import SpecStrategy
 
 CAPABILITIES = Capabilities(
@@ -153,19 +154,13 @@ class SGLangEngine:
         return params
 
     def _record(self, outputs: list[dict], tokens: int, seconds: float) -> None:
-        """SD is on at every step: all tokens but each sample's first (from prefill) come from verifies."""
+        """Aggregate step_stats (`call_stats`): SD runs at every step, so all tokens but each sample's first
+        (from prefill) come from verifies."""
         verifies = sum(out["meta_info"].get("spec_verify_ct", 0) for out in outputs) if self.drafter else 0
-        sd_tokens = tokens - len(outputs) if verifies else 0
-        share = sd_tokens / tokens if tokens else 0.0
-        if verifies:
-            accepted = sd_tokens - verifies
-            drafted = verifies * (self.strategy.verify_tokens - 1)
-            self.step_stats.append(
-                DecodeStepStats(verifies, True, str(self.strategy), drafted, accepted, sd_tokens, seconds * share)
-            )
-        self.step_stats.append(
-            DecodeStepStats(len(outputs), False, None, 0, 0, tokens - sd_tokens, seconds * (1 - share))
-        )
+        accepted = tokens - len(outputs) - verifies if verifies else 0
+        drafted = verifies * (self.strategy.verify_tokens - 1) if verifies else 0
+        strategy = None if self.strategy is None else str(self.strategy)
+        self.step_stats = call_stats(strategy, verifies, drafted, accepted, len(outputs), tokens, seconds)
 
     def check_weights(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         self.target.check(state_dict)
@@ -186,12 +181,7 @@ class SGLangEngine:
             raise UnsupportedFeatureError(
                 "this SGLang engine cannot switch drafters while running; build a new SGLangEngine"
             )
-        cfg, target = drafter.config, self.target
-        if (cfg.hidden_size, cfg.vocab_size) != (target.hidden_size, target.vocab_size):
-            raise DrafterMismatchError(
-                f"EAGLE drafter was built for hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size} but the "
-                f"target has hidden_size={target.hidden_size}, vocab_size={target.vocab_size}"
-            )
+        self.target.check_drafter(drafter)
         running = self.drafter.head.state_dict()
         if any(not torch.equal(v.cpu(), running[k].cpu()) for k, v in drafter.head.state_dict().items()):
             raise UnsupportedFeatureError(

@@ -39,6 +39,7 @@ from tlt.backends.base import (
     SamplingParams,
     TargetShapes,
     UnsupportedFeatureError,
+    call_stats,
     check_prompts,
 )
 from tlt.drafters.base import Drafter, DrafterMismatchError
@@ -214,10 +215,6 @@ class VLLMEngine:
     def _draft_folder(self) -> Path:
         return self.work_dir / "drafter"
 
-    @property
-    def max_prompt_len(self) -> int:
-        return self.max_seq_len - 1
-
     # ---- generation -----------------------------------------------------------------------------------------
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams, n: int = 1) -> list[Rollout]:
@@ -240,8 +237,7 @@ class VLLMEngine:
         seconds = time.perf_counter() - start
         copies = n if sampling.greedy else 1  # vLLM samples greedy requests once: the n samples are equal
         rollouts = [r for i, out in enumerate(outputs) for r in _rollouts(out, i, ids[i], copies)]
-        samples = [sample for out in outputs for sample in out.outputs]
-        self._record(samples, sum(r.token_ids.numel() for r in rollouts), seconds)
+        self._record([sample for out in outputs for sample in out.outputs], seconds)
         return rollouts
 
     def _params(self, sampling: SamplingParams, prompt_len: int, index: int, n: int):
@@ -259,23 +255,15 @@ class VLLMEngine:
             detokenize=False,
         )
 
-    def _record(self, samples, tokens: int, seconds: float) -> None:
-        """Two aggregate records of the call from vLLM's per-sample spec-decode metrics: the SD iterations
-        (one per verify and row) and the rest (seconds split by token share)."""
+    def _record(self, samples, seconds: float) -> None:
+        """Aggregate step_stats of the call from vLLM's per-sample spec-decode metrics (`call_stats`)."""
         metrics = [m for m in (getattr(s, "spec_decode_metrics", None) for s in samples) if m is not None]
         verifies = sum(sum(m.histogram) for m in metrics)
         accepted = sum(j * count for m in metrics for j, count in enumerate(m.histogram))
         drafted = sum(m.num_draft_tokens for m in metrics)
-        sd_tokens = verifies + accepted  # each verify commits its accepted drafts plus one token
-        share = sd_tokens / tokens if tokens else 0.0
-        if verifies:
-            strategy = self.spec.strategy
-            self.step_stats.append(
-                DecodeStepStats(verifies, True, strategy, drafted, accepted, sd_tokens, seconds * share)
-            )
-        self.step_stats.append(
-            DecodeStepStats(len(samples), False, None, 0, 0, tokens - sd_tokens, seconds * (1 - share))
-        )
+        tokens = sum(len(s.token_ids) for s in samples)
+        strategy = None if self.spec is None else self.spec.strategy
+        self.step_stats = call_stats(strategy, verifies, drafted, accepted, len(samples), tokens, seconds)
 
     # ---- weights --------------------------------------------------------------------------------------------
 
@@ -315,13 +303,8 @@ class VLLMEngine:
                 "VLLMEngine with that drafter"
             )
         if kind == "eagle":
-            cfg, target = drafter.config, self.target
-            if (cfg.hidden_size, cfg.vocab_size) != (target.hidden_size, target.vocab_size):
-                raise DrafterMismatchError(
-                    f"EAGLE drafter was built for hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size} but the "
-                    f"target has hidden_size={target.hidden_size}, vocab_size={target.vocab_size}; train a drafter "
-                    "for this target (tlt train-drafter)"
-                )
+            self.target.check_drafter(drafter)
+            cfg = drafter.config
             running_cfg = getattr(self.drafter, "config", cfg)
             if cfg != running_cfg:
                 raise DrafterMismatchError(

@@ -74,11 +74,15 @@ class AsyncDrafterCheckpoint:
 
 
 def load_drafter_checkpoint(path: str | Path) -> tuple[EagleDrafter, dict | None]:
-    """(drafter, state) of a drafter folder; state ({"optimizer", "step", "version"}) is None for a drafter
+    """(drafter, state) of a drafter folder (`load_drafter_state`)."""
+    return EagleDrafter.load(path), load_drafter_state(path)
+
+
+def load_drafter_state(path: str | Path) -> dict | None:
+    """The training state ({"optimizer", "step", "version"}) saved with a drafter folder; None for a drafter
     saved without one (e.g. by `tlt train-drafter`)."""
-    drafter = EagleDrafter.load(path)
     file = Path(path) / STATE_FILE
-    return drafter, torch.load(file, weights_only=False) if file.is_file() else None
+    return torch.load(file, weights_only=False) if file.is_file() else None
 
 
 def _cpu_copy(tree):

@@ -38,7 +38,7 @@ from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
 from tlt.training.drafter_buffer import DrafterBuffer
-from tlt.training.drafter_checkpoint import AsyncDrafterCheckpoint, load_drafter_checkpoint
+from tlt.training.drafter_checkpoint import AsyncDrafterCheckpoint, load_drafter_state
 from tlt.training.grpo import (
     GRPOBatch,
     GRPOModule,
@@ -216,7 +216,7 @@ class RLTrainer:
         if self.stepper is None:
             return None
         if self.cfg.drafter.path:
-            _, state = load_drafter_checkpoint(self.cfg.drafter.path)
+            state = load_drafter_state(self.cfg.drafter.path)  # the weights came with initial_drafter
             if state is not None and state["optimizer"] is not None:
                 self.stepper.optimizer.load_state_dict(state["optimizer"])
         every = self.cfg.train.drafter_checkpoint_every
