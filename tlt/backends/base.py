@@ -112,6 +112,16 @@ class RolloutEngine(Protocol):
         ...
 
 
+def import_optional(module: str, hint: str):
+    """Import an optional backend package, or raise an ImportError carrying the install hint."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"{hint} ({err})") from None
+
+
 def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, truncate: str | None) -> list[list[int]]:
     """Prompts as lists of ints: none may be empty; one longer than max_seq_len - 1 (one slot is left for a
     generated token) raises, or keeps its last tokens when `truncate` is "left"."""

@@ -36,6 +36,7 @@ from tlt.backends.base import (
     UnsupportedFeatureError,
     call_stats,
     check_prompts,
+    import_optional,
 )
 from tlt.drafters.base import Drafter
 from tlt.speculative.strategy import SpecStrategy
@@ -53,11 +54,7 @@ INSTALL_HINT = "the sglang backend needs SGLang on a CUDA machine: `pip install 
 
 def import_sglang():
     """The `sglang` module, or an ImportError that says how to install it."""
-    try:
-        import sglang
-    except ImportError as err:
-        raise ImportError(f"{INSTALL_HINT} ({err})") from None
-    return sglang
+    return import_optional("sglang", INSTALL_HINT)
 
 
 class SGLangEngine:

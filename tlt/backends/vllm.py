@@ -41,6 +41,7 @@ from tlt.backends.base import (
     UnsupportedFeatureError,
     call_stats,
     check_prompts,
+    import_optional,
 )
 from tlt.drafters.base import Drafter, DrafterMismatchError
 from tlt.speculative.strategy import SpecStrategy
@@ -62,11 +63,7 @@ WORKER_EXTENSION = "tlt.backends.vllm_worker.TLTWorkerExtension"
 
 def import_vllm():
     """The `vllm` module, or an ImportError that says how to install it."""
-    try:
-        import vllm
-    except ImportError as err:
-        raise ImportError(f"{INSTALL_HINT} ({err})") from None
-    return vllm
+    return import_optional("vllm", INSTALL_HINT)
 
 
 def cpu_environment(core: int | None = None) -> None:
