@@ -139,7 +139,7 @@ def _reference_tree(head, tokens, hidden, strategy):
 
 
 @pytest.mark.parametrize("flush_every", [1, 32])
-@pytest.mark.parametrize("strategy", ["4_1_5", "2_2_5", "3_3_9", "3_2_6"])
+@pytest.mark.parametrize("strategy", ["4_1_5", "6_1_5", "2_2_5", "3_3_9", "3_2_6"])
 def test_proposals_equal_full_recompute(target, strategy, flush_every):
     strategy = SpecStrategy.parse(strategy)
     tokens, hidden = _sequences(target)
@@ -153,6 +153,19 @@ def test_proposals_equal_full_recompute(target, strategy, flush_every):
             assert tree.tokens[b, 1:].tolist() == ref_tokens
             assert tree.parents[b].tolist() == [-1] + ref_parents
         drafter.propose(SpecStrategy.parse("3_3_9"))  # speculative entries must not leak into the next round
+
+
+@pytest.mark.parametrize("strategy", ["1_1_2", "4_1_5"])
+def test_chain_fast_path_equals_the_beam(target, strategy):
+    strategy = SpecStrategy.parse(strategy)
+    tokens, hidden = _sequences(target, B=3)
+    drafter = _sharp(target, 8)
+    _drive(drafter, tokens, hidden, [4, 1, 6], [[1, 1, 1], [3, 1, 2]])
+    chain = drafter.propose(strategy)
+    with torch.inference_mode():
+        beam = drafter._propose_tree(strategy, strategy.steps)
+    assert chain.tokens.tolist() == beam.tokens.tolist()
+    assert chain.parents.tolist() == beam.parents.tolist()
 
 
 def test_tree_is_topological_with_best_children_first(target):

@@ -171,8 +171,14 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, strategy: SpecStrategy) -> DraftTree:
         self._flush()
-        K = strategy.topk
         depth = min(strategy.steps, strategy.verify_tokens - 1)  # deeper nodes could never be selected
+        if strategy.topk == 1:
+            return self._propose_chain(depth)
+        return self._propose_tree(strategy, depth)
+
+    def _propose_tree(self, strategy: SpecStrategy, depth: int) -> DraftTree:
+        """EAGLE-2 beam drafting (works for any topk; `_propose_chain` is the faster topk == 1 case)."""
+        K = strategy.topk
         B, D = self.feature.shape
         beam = _Beam.root(self._log_probs(self.feature[:, None]), K)  # depth-1 candidates
         max_len = int(self.cache_lens.max())
@@ -194,6 +200,19 @@ class EagleDrafter(Drafter):
             feature = out.gather(1, source[:, :, None].expand(-1, -1, D))
             parent = K * (level - 1) + source
         return beam.select(self.last_token, strategy.num_draft_tokens)
+
+    def _propose_chain(self, depth: int) -> DraftTree:
+        """The top-1 beam without the tree bookkeeping: level l is one causal query at slot cache_len + l - 1."""
+        token = self.head.logits(self.feature).argmax(dim=-1)  # [B]
+        tokens, feature = [self.last_token, token], self.feature
+        self._reserve(int(self.cache_lens.max()) + depth - 1)
+        for level in range(1, depth):
+            lens = self.cache_lens + level - 1  # [B] the node's slot; the earlier draft slots are its ancestors
+            mask = attention_mask(lens, 1, int(lens.max()) + 1, None)
+            feature = self._forward(token[:, None], feature[:, None], lens[:, None], mask, offset=level - 1)[:, 0]
+            token = self.head.logits(feature).argmax(dim=-1)
+            tokens.append(token)
+        return DraftTree.chain(torch.stack(tokens, dim=1))
 
     def _log_probs(self, feature: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.head.logits(feature).float(), dim=-1)  # [B, Q, V]
