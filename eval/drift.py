@@ -36,8 +36,8 @@ from tlt.schedulers.tuners.base import FixedTuner  # noqa: E402
 from tlt.training.rl_loop import decode_stats  # noqa: E402
 
 
-def measure(policy, eos: int, drafter, prompts, strategy: str, max_new_tokens: int) -> tuple[float, list]:
-    """(accept length, greedy responses) of `drafter` against `policy` on `prompts`."""
+def measure(policy, eos: int, drafter, prompts, strategy: str, max_new_tokens: int, temperature: float = 0.0):
+    """(accept length, responses) of `drafter` against `policy` on `prompts` (greedy, or sampled with seed 0)."""
     engine = NativeEngine(
         copy.deepcopy(policy),
         eos,
@@ -45,7 +45,8 @@ def measure(policy, eos: int, drafter, prompts, strategy: str, max_new_tokens: i
         tuner=FixedTuner(strategy, 10**6),
         drafter=drafter.clone(),
     )
-    rollouts = engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=max_new_tokens))
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=0)
+    rollouts = engine.generate(prompts, sampling)
     return decode_stats(engine.step_stats)[0], [r.token_ids.tolist() for r in rollouts]
 
 
@@ -75,14 +76,18 @@ def run(args) -> dict:
     problems = training_problems(mix, cfg.data.train_size, cfg.data.seed)
     prompts = [tokenizer.encode(format_prompt(p.question)) for p in heldout_problems(mix, args.eval_prompts, 0)]
     trainer = RLTrainer(cfg, policy, tokenizer, problems, drafter=load_drafter(args.drafter))
-    eos = tokenizer.eos_token_id
-    _, base = measure(trainer.policy, eos, frozen, prompts, args.strategy, args.max_new_tokens)
+
+    def accept(drafter) -> tuple[float, list]:
+        eos, T = tokenizer.eos_token_id, args.temperature
+        return measure(trainer.policy, eos, drafter, prompts, args.strategy, args.max_new_tokens, T)
+
+    _, base = accept(frozen)
     rows = []
     for step in range(args.steps + 1):
         if step:
             metrics = trainer.step()
-        a_frozen, responses = measure(trainer.policy, eos, frozen, prompts, args.strategy, args.max_new_tokens)
-        a_online, _ = measure(trainer.policy, eos, trainer.drafter, prompts, args.strategy, args.max_new_tokens)
+        a_frozen, responses = accept(frozen)
+        a_online, _ = accept(trainer.drafter)
         changed = sum(r != b for r, b in zip(responses, base, strict=True)) / len(base)
         row = {"step": step, "frozen": a_frozen, "adaptive": a_online, "changed": changed}
         if step:
@@ -104,8 +109,9 @@ def render(report: dict, png: str) -> str:
         "",
         f"One GRPO run of `{s['config']}` ({' '.join(s['overrides'])}), {s['steps']} steps; after each step both "
         f"drafters are measured against the current policy on the same {s['eval_prompts']} held-out prompts "
-        f"(greedy, chain {s['strategy']}, up to {s['max_new_tokens']} tokens). Accept length = tokens per "
-        "verify and row. 'changed' = share of those greedy responses that differ from the base policy's.",
+        f"({_decoding(s)}, chain {s['strategy']}, up to {s['max_new_tokens']} tokens). Accept length = tokens "
+        "per verify and row. 'changed' = share of those responses (frozen drafter's run) that differ from the "
+        "base policy's.",
         "",
         "| step | frozen | adaptive | adaptive / frozen | changed vs base | reward | drafter micro-steps |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -126,6 +132,11 @@ def render(report: dict, png: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _decoding(settings: dict) -> str:
+    T = settings.get("temperature", 0.0)
+    return "greedy" if T == 0 else f"sampled at temperature {T}, seed 0"
+
+
 def plot(rows: list[dict], out: Path) -> None:
     import matplotlib
 
@@ -140,7 +151,7 @@ def plot(rows: list[dict], out: Path) -> None:
     ax.set_ylabel("accept length (tokens per verify)")
     twin = ax.twinx()
     twin.plot(steps, [r["changed"] for r in rows], color="grey", linestyle="--", label="responses changed")
-    twin.set_ylabel("greedy responses changed vs base")
+    twin.set_ylabel("responses changed vs base")
     twin.set_ylim(0, 1)
     ax.legend(loc="lower left")
     fig.tight_layout()
@@ -158,6 +169,7 @@ def main(argv=None) -> int:
     p.add_argument("--strategy", default="4_1_5")
     p.add_argument("--eval-prompts", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; the RL rollouts sample at 1.0")
     p.add_argument("--out", required=True)
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = p.parse_args(argv)
