@@ -199,6 +199,7 @@ class DrafterConfig:
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
     lr: float = 1e-3
     batch_tokens: int = 4096  # real tokens sampled per drafter micro-step (a longer sample goes alone)
+    max_epochs_per_step: float = 2.0  # micro-steps per RL step at most this many passes over the buffer's tokens
     packing: bool = True  # pack samples into rows, per-document attention (False: pad each to the longest)
     buffer_decay: float = 0.5  # data-buffer sampling weight per policy version of age, in (0, 1]
     buffer_long_tokens: int = 256  # samples this long from the previous version are kept (one-step offset)
@@ -234,6 +235,7 @@ class DrafterConfig:
             raise ConfigError(f"drafter.eval_strategy: {err}") from None
         _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
         _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
+        _check(self.max_epochs_per_step > 0, "drafter.max_epochs_per_step", "a float > 0", self.max_epochs_per_step)
         _check(0 < self.buffer_decay <= 1, "drafter.buffer_decay", "a float in (0, 1]", self.buffer_decay)
         _check(
             self.buffer_long_tokens >= 1,

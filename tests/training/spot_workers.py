@@ -27,7 +27,8 @@ HEAD = EagleConfig(
     intermediate_size=64,
     max_position_embeddings=128,
 )
-CFG = DrafterConfig(lr=1e-2, batch_tokens=64)
+CFG = DrafterConfig(lr=1e-2, batch_tokens=64, max_epochs_per_step=100.0)  # the idle time bounds training
+CAPPED = DrafterConfig(lr=1e-2, batch_tokens=64)  # 2 passes over a rank's 57 buffer tokens: 2 micro-steps
 
 
 def flat(head: EagleHead) -> torch.Tensor:
@@ -60,8 +61,8 @@ class RecordingStepper(DrafterStepper):
     """Records the head after each successful step; raises at micro-step `fail_at` (1-based), once it is
     reached, after setting the store key "test/failed" so the other rank can wait for it."""
 
-    def __init__(self, head, buffer, store, fail_at: int | None = None):
-        super().__init__(head, buffer, CFG)
+    def __init__(self, head, buffer, store, fail_at: int | None = None, cfg: DrafterConfig = CFG):
+        super().__init__(head, buffer, cfg)
         self.store, self.fail_at, self.calls = store, fail_at, 0
         self.last = flat(head)
 
@@ -108,6 +109,22 @@ def spot_step(ctx: WorkerContext, head, buffer, fail_at: int | None, policy: str
     return {"result": result, "start": start, "trained": stepper.last, "after": flat(head)}
 
 
+def capped_step(ctx: WorkerContext, head, buffer) -> dict:
+    """Rank 1 rolls out until rank 0 has used its budget of 2 micro-steps, then 0.3 s more idle time."""
+    store = dist.PrefixStore("s5", ctx.store)
+    stepper = RecordingStepper(head, buffer, store, cfg=CAPPED)
+    worker = SpotWorker(stepper, store, IdleScheduler("spot", ctx.world_size))
+
+    def rollout() -> int:
+        if ctx.rank == 1:
+            while worker.progress(0) < 2:
+                time.sleep(0.001)
+            time.sleep(0.3)
+        return ctx.rank
+
+    return {"result": worker.run_step(rollout), "budget": stepper.budget()}
+
+
 def run_scenarios(ctx: WorkerContext) -> dict:
     head, buffer = build_head(), build_buffer(ctx.rank)
     out = {"average": exact_average(ctx)}
@@ -115,4 +132,5 @@ def run_scenarios(ctx: WorkerContext) -> dict:
     out["spot_fail"] = spot_step(ctx, head, buffer, 2, "spot", "s2")
     out["between_fail"] = spot_step(ctx, head, buffer, 2, "between_steps", "s3")
     out["never"] = spot_step(ctx, head, buffer, None, "never", "s4")
+    out["capped"] = capped_step(ctx, head, buffer)
     return out

@@ -68,3 +68,19 @@ def test_never_keeps_the_drafter(runs):
     r0, r1 = (r["never"] for r in runs)
     assert r0["result"].weights == [0, 0] and r0["result"].stats.micro_steps == 0
     assert torch.equal(r0["after"], r0["start"]) and torch.equal(r1["after"], r0["start"])
+
+
+def test_micro_steps_per_rl_step_are_capped_at_the_buffers_epochs(runs):
+    r0 = runs[0]["capped"]
+    assert r0["budget"] == 2  # ceil(2.0 * 57 tokens / 64)
+    assert r0["result"].stats.micro_steps == 2 and r0["result"].weights == [2, 0]
+    assert r0["result"].stats.idle_seconds > r0["result"].stats.train_seconds + 0.2  # idle time was left over
+
+
+def test_budget_grows_with_the_buffer():
+    buffer = spot_workers.build_buffer(0)  # 57 tokens
+    cfg = spot_workers.CAPPED
+    stepper = spot_workers.DrafterStepper(spot_workers.build_head(), buffer, cfg)
+    assert stepper.budget() == 2
+    buffer.add(list(spot_workers.build_buffer(1).samples) * 3)  # 4 x 57 tokens
+    assert stepper.budget() == 8

@@ -154,6 +154,9 @@ class _LossRecorder:
     def reset(self) -> None:
         self.stepper.reset()
 
+    def budget(self) -> int:
+        return self.stepper.budget()
+
 
 @dataclass
 class _Share:

@@ -70,6 +70,10 @@ class DrafterBuffer:
         return len(self.samples)
 
     @property
+    def num_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.samples)
+
+    @property
     def latest_version(self) -> int | None:
         return max((s.version for s in self.samples), default=None)
 

@@ -10,8 +10,8 @@ one version), so the trainer never shares tensors with the rollout. Versions: th
 engine runs version k + 1.
 
 Single process, the drafter trains between steps: there is no other worker whose rollout it could overlap,
-so `spot` and `between_steps` both run `scheduler.between_steps_budget` micro-steps (`DrafterStepper`) after
-the update, and `never` none. Online training is for EAGLE drafters (n-gram and small-LM drafters stay as
+so `spot` and `between_steps` both run `scheduler.between_steps_budget` micro-steps (`DrafterStepper`; at
+most `drafter.max_epochs_per_step` passes over the buffer) after the update, and `never` none. Online training is for EAGLE drafters (n-gram and small-LM drafters stay as
 they are; asking to train them is a config error). With `speculative.enabled=false` there is no drafter, no
 buffer and no drafter training: the plain-decoding baseline.
 """
@@ -391,7 +391,8 @@ class RLTrainer:
         """Micro-step losses of this step's drafter training (none under `never` or without SD)."""
         if self.stepper is None or len(self.buffer) == 0:
             return []
-        return [self.stepper.step() for _ in range(self.cfg.scheduler.between_steps_budget)]
+        steps = min(self.cfg.scheduler.between_steps_budget, self.stepper.budget())
+        return [self.stepper.step() for _ in range(steps)]
 
     def _push(self) -> None:
         state = self.policy.state_dict()

@@ -21,6 +21,7 @@ local to each rank (as in local SGD); a rank that failed restarts its optimizer.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -44,11 +45,14 @@ class DrafterStepper:
     """One AdamW step of the head per call, on a batch of about cfg.batch_tokens drawn from `buffer`.
 
     EAGLE-1 loss of `DrafterModule`, gradient clipping at 1.0 as in offline training, constant learning rate
-    cfg.lr (online training has no end to schedule towards).
+    cfg.lr (online training has no end to schedule towards). `budget()` caps the micro-steps of one RL step at
+    cfg.max_epochs_per_step passes over the buffer: early on, when the buffer holds one step's rollouts, more
+    steps than that only overfit the head to them (the drift experiment's dip after the first update).
     """
 
     def __init__(self, head: EagleHead, buffer: DrafterBuffer, cfg: DrafterConfig):
         self.module = DrafterModule(head, cfg, max_steps=1)
+        self.buffer = buffer
         self.batches = iter(BufferBatches(buffer, cfg.batch_tokens, cfg.packing))
         self.reset()
 
@@ -60,6 +64,11 @@ class DrafterStepper:
         """Fresh optimizer state (after a failed step left it suspect), head in eval mode."""
         self.head.eval()
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=self.module.cfg.lr, weight_decay=0.0)
+
+    def budget(self) -> int:
+        """Micro-steps this RL step may take: cfg.max_epochs_per_step passes over the buffer's tokens."""
+        cfg = self.module.cfg
+        return math.ceil(cfg.max_epochs_per_step * self.buffer.num_tokens / cfg.batch_tokens)
 
     def step(self) -> float:
         """One optimizer step; returns the batch loss."""
@@ -153,8 +162,12 @@ class SpotWorker:
     def _train(self) -> str | None:
         """Micro-steps while the scheduler allows; returns the traceback of a failed one, else None."""
         self._poll(block=self.scheduler.policy is Policy.BETWEEN_STEPS)
+        budget = self.stepper.budget()
         while True:
             self._poll(block=False)
+            if self.scheduler.stats(self.rank).micro_steps >= budget:
+                self._poll(block=True)  # budget used: wait out the other ranks' rollouts idle
+                return None
             if not self.scheduler.should_train(self.rank):
                 return None
             try:
