@@ -137,8 +137,14 @@ def run(args) -> dict:
             )
     commands.put(("stop", 0))
     proc.join(timeout=30)
+    summary = summarize(results)
+    return {"settings": vars(args), "machine": machine, "conditions": summary}
+
+
+def summarize(results: dict[str, dict[str, list[float]]]) -> dict:
+    """Per condition: median tokens/s, slowdown against the idle condition's median, median micro-steps."""
     idle = statistics.median(results["idle"]["tokens_per_second"])
-    summary = {
+    return {
         name: {
             "tokens_per_second": statistics.median(r["tokens_per_second"]),
             "slowdown": idle / statistics.median(r["tokens_per_second"]) - 1,
@@ -147,7 +153,6 @@ def run(args) -> dict:
         }
         for name, r in results.items()
     }
-    return {"settings": vars(args), "machine": machine, "conditions": summary}
 
 
 def render(report: dict) -> str:

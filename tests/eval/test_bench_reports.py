@@ -2,7 +2,7 @@
 
 from argparse import Namespace
 
-from eval import bench_backends, bench_spot
+from eval import bench_backends, bench_interference, bench_spot
 
 
 def test_backend_summary_takes_medians_and_ratios_to_native_plain():
@@ -45,3 +45,20 @@ def test_spot_summary_reports_rollout_change_against_never():
     }
     text = bench_spot.render(report)
     assert "| spot | 2.02 | +1.0% | 3.52 |" in text and "| 12 |" in text
+
+
+def test_interference_slowdown_is_against_the_idle_median():
+    results = {
+        "idle": {"tokens_per_second": [90.0, 100.0, 300.0], "micro_steps": [0, 0, 0]},
+        "train@1024": {"tokens_per_second": [80.0, 70.0, 10.0], "micro_steps": [5, 6, 7]},
+    }
+    summary = bench_interference.summarize(results)
+    assert summary["idle"]["slowdown"] == 0.0
+    assert abs(summary["train@1024"]["slowdown"] - (100 / 70 - 1)) < 1e-12
+    assert summary["train@1024"]["micro_steps"] == 6
+    report = {
+        "settings": {"prompts": 4, "batch": 2, "max_new_tokens": 8, "target": "t", "drafter": "d", "rounds": 3},
+        "machine": {},
+        "conditions": summary,
+    }
+    assert "| train@1024 | 70 | +42.9% | 6 |" in bench_interference.render(report)
