@@ -200,6 +200,7 @@ class DrafterConfig:
     lr: float = 1e-3
     batch_tokens: int = 4096  # real tokens sampled per drafter micro-step (a longer sample goes alone)
     max_epochs_per_step: float = 2.0  # micro-steps per RL step at most this many passes over the buffer's tokens
+    online_warmup_steps: int = 20  # online training: linear learning-rate warm-up over this many micro-steps
     packing: bool = True  # pack samples into rows, per-document attention (False: pad each to the longest)
     buffer_decay: float = 0.5  # data-buffer sampling weight per policy version of age, in (0, 1]
     buffer_long_tokens: int = 256  # samples this long from the previous version are kept (one-step offset)
@@ -236,6 +237,9 @@ class DrafterConfig:
         _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
         _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
         _check(self.max_epochs_per_step > 0, "drafter.max_epochs_per_step", "a float > 0", self.max_epochs_per_step)
+        _check(
+            self.online_warmup_steps >= 0, "drafter.online_warmup_steps", "an integer >= 0", self.online_warmup_steps
+        )
         _check(0 < self.buffer_decay <= 1, "drafter.buffer_decay", "a float in (0, 1]", self.buffer_decay)
         _check(
             self.buffer_long_tokens >= 1,

@@ -84,3 +84,20 @@ def test_budget_grows_with_the_buffer():
     assert stepper.budget() == 2
     buffer.add(list(spot_workers.build_buffer(1).samples) * 3)  # 4 x 57 tokens
     assert stepper.budget() == 8
+
+
+def test_online_learning_rate_warms_up_with_the_optimizers_own_steps():
+    cfg = spot_workers.DrafterConfig(lr=1e-3, batch_tokens=64, online_warmup_steps=4)
+    buffer = spot_workers.build_buffer(0)
+    stepper = spot_workers.DrafterStepper(spot_workers.build_head(), buffer, cfg)
+    seen = []
+    for _ in range(5):
+        seen.append(stepper.learning_rate())
+        stepper.step()
+        assert stepper.optimizer.param_groups[0]["lr"] == seen[-1]
+    assert seen == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    resumed = spot_workers.DrafterStepper(stepper.head, buffer, cfg)  # a checkpoint restores the optimizer
+    resumed.optimizer.load_state_dict(stepper.optimizer.state_dict())
+    assert resumed.learning_rate() == pytest.approx(1e-3)
+    stepper.reset()  # a fresh optimizer warms up again
+    assert stepper.learning_rate() == pytest.approx(2.5e-4)

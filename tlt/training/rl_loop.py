@@ -11,8 +11,9 @@ engine runs version k + 1.
 
 Single process, the drafter trains between steps: there is no other worker whose rollout it could overlap,
 so `spot` and `between_steps` both run `scheduler.between_steps_budget` micro-steps (`DrafterStepper`; at
-most `drafter.max_epochs_per_step` passes over the buffer) after the update, and `never` none. Online training is for EAGLE drafters (n-gram and small-LM drafters stay as
-they are; asking to train them is a config error). With `speculative.enabled=false` there is no drafter, no
+most `drafter.max_epochs_per_step` passes over the buffer) after the update, and `never` none. Online
+training is for EAGLE drafters (n-gram and small-LM drafters stay as they are; asking to train them is a
+config error). With `speculative.enabled=false` there is no drafter, no
 buffer and no drafter training: the plain-decoding baseline.
 """
 
