@@ -68,7 +68,7 @@ def cmd_train_drafter(args: argparse.Namespace) -> int:
     cfg = _config(args, args.overrides)
     out = Path(args.output) if args.output else Path(args.model).parent / "drafter"
     report = run_train_drafter(cfg, args.model, out, progress=not args.quiet)
-    print(f"[tlt] EAGLE drafter saved to {out}")
+    print(f"[tlt] {cfg.drafter.kind} drafter saved to {out}")
     print(json.dumps(asdict(report), indent=2))
     return 0
 
@@ -231,7 +231,11 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("train-drafter", help="distil an EAGLE drafter on the target's own generations")
+    p = sub.add_parser(
+        "train-drafter",
+        help="distil an EAGLE (default) or, with drafter.kind=small_lm, a small-LM drafter on the target's own "
+        "generations",
+    )
     p.add_argument("model", help="target HF model folder (e.g. runs/bootstrap-tiny/model)")
     p.add_argument("--output", help="drafter folder to write (default: <model>/../drafter)")
     p.add_argument("--config", help="YAML config file (its drafter and data sections are used)")

@@ -13,7 +13,7 @@ from tlt.cli import build_parser
 from tlt.config import ConfigError, DrafterConfig
 from tlt.drafters import load_drafter
 from tlt.schedulers.tuners import FixedTuner
-from tlt.training.distill import collect_sequences, distill_drafter
+from tlt.training.distill import collect_sequences, distill_drafter, distill_small_lm
 
 
 @pytest.fixture(scope="module")
@@ -71,3 +71,26 @@ def test_short_distillation_raises_acceptance_and_stays_lossless(target, tmp_pat
         assert a.token_ids.tolist() == b.token_ids.tolist()
         torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-5, rtol=0)
     assert sum(s.accepted_tokens for s in engine.step_stats) > 8 * 8
+
+
+def test_small_lm_distillation_raises_acceptance_and_saves(target, tmp_path):
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    cfg = DrafterConfig(kind="small_lm", train_steps=80, lr=3e-3, distill_max_new_tokens=32, eval_strategy="3_1_4")
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    drafter, report = distill_small_lm(
+        target, _prompts(64, seed=0), _prompts(8, seed=2), cfg, None, tmp_path / "lm", seed=0, progress=False
+    )
+    assert report.accept_after > report.accept_before + 0.5
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())  # the target is untouched
+    loaded = load_drafter(tmp_path / "lm")
+    assert loaded.kind == "small_lm"
+    saved, trained = loaded.model.state_dict(), drafter.model.state_dict()
+    assert saved.keys() == trained.keys() and all(torch.equal(saved[k], trained[k]) for k in saved)
+
+
+def test_train_drafter_refuses_ngram(tmp_path):
+    from tlt.config import load_config
+    from tlt.training.distill import run_train_drafter
+
+    with pytest.raises(ConfigError, match="eagle or small_lm"):
+        run_train_drafter(load_config(None, ["drafter.kind=ngram"]), tmp_path / "model", tmp_path / "d")

@@ -1,4 +1,6 @@
-"""Offline distillation of an EAGLE head on the target's own generations (`tlt train-drafter`).
+"""Offline distillation of a drafter on the target's own generations (`tlt train-drafter`).
+
+EAGLE (`distill_drafter`):
 
 The target generates responses to training prompts with the native engine (greedy or sampled), returning the
 final-norm hidden state of every response position; the prompt positions' states come from one HF forward.
@@ -6,6 +8,11 @@ Each sequence x_0..x_{T-1} with features h_0..h_{T-1} gives training pairs (h_i,
 (EAGLE-1, `tlt.training.drafter_loss`) is taken where x_{i+1} is a response token, as TLT trains on responses.
 Training goes through the same buffer, packing and LightningModule as online training
 (`tlt.training.drafter_module`).
+
+Small LM (`distill_small_lm`): sequence-level knowledge distillation (Kim & Rush 2016,
+https://arxiv.org/abs/1606.07947): next-token cross-entropy on the target's own responses (+ EOS when it
+stopped), through the bootstrap's SFT LightningModule (AdamW, warm-up, cosine decay).
+
 Acceptance is measured before and after training on held-out prompts: mean tokens per SD step and row
 (accepted drafts + the bonus token), the EAGLE "acceptance length".
 """
@@ -16,16 +23,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import lightning as L
 import torch
 
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.config import DrafterConfig
+from tlt.drafters.base import Drafter
 from tlt.drafters.eagle import EagleDrafter
+from tlt.drafters.small_lm import SmallLMDrafter
 from tlt.schedulers.tuners import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
 from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
 from tlt.training.drafter_module import fit_drafter
+from tlt.training.sft import SFTDataModule, SFTExample, SFTModule
 
 
 @dataclass
@@ -37,7 +48,7 @@ class DistillReport:
     accept_before: float  # acceptance length (tokens per SD step and row) of the starting head
     accept_after: float
     final_loss: float
-    final_top1: float  # share of pairs whose top-1 token the head predicts right (last logged batch)
+    final_top1: float | None  # share of pairs whose top-1 token the head predicts right (last batch; EAGLE)
     seconds: float
 
 
@@ -68,9 +79,23 @@ def collect_sequences(
     return out
 
 
+@torch.inference_mode()
+def collect_responses(
+    model, prompts: list[list[int]], sampling: SamplingParams, eos_token_id: int | None, batch_size: int = 64
+) -> list[SFTExample]:
+    """The target's response to each prompt as an SFT example: prompt + response (its EOS included)."""
+    max_seq_len = min(max(map(len, prompts)) + sampling.max_new_tokens, model.config.max_position_embeddings)
+    engine = NativeEngine(model, eos_token_id, max_seq_len, truncate_prompts="left")
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        for r in engine.generate(prompts[start : start + batch_size], sampling):
+            out.append(SFTExample(torch.cat([r.prompt_ids, r.token_ids]).cpu(), r.prompt_ids.numel()))
+    return out
+
+
 def acceptance_length(
     model,
-    drafter: EagleDrafter,
+    drafter: Drafter,
     prompts: list[list[int]],
     strategy: SpecStrategy | str,
     max_new_tokens: int,
@@ -140,6 +165,65 @@ def distill_drafter(
     return drafter, report
 
 
+def distill_small_lm(
+    model,
+    train_prompts: list[list[int]],
+    heldout_prompts: list[list[int]],
+    cfg: DrafterConfig,
+    eos_token_id: int | None,
+    out: str | Path | None,
+    seed: int = 0,
+    progress: bool = True,
+    batch_size: int = 16,
+) -> tuple[SmallLMDrafter, DistillReport]:
+    """Distil a small LM drafter (preset cfg.small_lm_preset, or the saved one at cfg.path) for `model`."""
+    start = time.perf_counter()
+    if cfg.path:
+        drafter = SmallLMDrafter.load(cfg.path)
+    else:
+        drafter = SmallLMDrafter.from_preset(cfg.small_lm_preset, model.config.vocab_size, seed)
+    drafter.bind(model)
+
+    def measure() -> float:
+        return acceptance_length(
+            model, drafter, heldout_prompts, cfg.eval_strategy, cfg.distill_max_new_tokens, eos_token_id
+        )
+
+    before = measure()
+    _say(progress, f"acceptance length before training: {before:.3f} ({cfg.eval_strategy})")
+    sampling = SamplingParams(cfg.distill_temperature, max_new_tokens=cfg.distill_max_new_tokens, seed=seed)
+    examples = collect_responses(model, train_prompts, sampling, eos_token_id)
+    tokens = sum(e.input_ids.numel() - e.num_prompt for e in examples)
+    _say(progress, f"{len(examples)} sequences, {tokens} response tokens; training {cfg.train_steps} steps")
+    epochs = -(-cfg.train_steps * batch_size // max(1, len(examples)))  # enough passes for train_steps
+    data = SFTDataModule(examples, batch_size, pad_id=0, seed=seed, epochs=epochs)
+    module = SFTModule(drafter.model.train(), cfg.lr, max(1, cfg.train_steps // 20), cfg.train_steps, 0.0)
+    trainer = L.Trainer(
+        accelerator="cpu" if drafter.device.type == "cpu" else drafter.device.type,
+        devices=1,
+        max_steps=cfg.train_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=progress,
+        gradient_clip_val=1.0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        trainer.fit(module, datamodule=data)
+    drafter.model.eval()
+    loss = float(trainer.callback_metrics.get("loss", float("nan")))
+    after = measure()
+    _say(progress, f"acceptance length after training: {after:.3f} (before {before:.3f})")
+    if out is not None:
+        drafter.save(out)
+    seconds = time.perf_counter() - start
+    report = DistillReport(
+        len(examples), tokens, cfg.train_steps, cfg.eval_strategy, before, after, loss, None, seconds
+    )
+    return drafter, report
+
+
 def _say(enabled: bool, text: str) -> None:
     if enabled:
         print(f"[tlt] {text}", flush=True)
@@ -153,8 +237,8 @@ def run_train_drafter(cfg, model_path: str | Path, out: str | Path, progress: bo
     from tlt.models.io import load_hf_folder
 
     d = cfg.drafter
-    if d.kind != "eagle":
-        raise ConfigError(f"drafter.kind: got {d.kind!r}; train-drafter distils 'eagle' drafters only")
+    if d.kind not in DISTILLERS:
+        raise ConfigError(f"drafter.kind: got {d.kind!r}; train-drafter distils {' or '.join(DISTILLERS)} drafters")
     model, tokenizer = load_hf_folder(model_path)
     mix = task_mix(cfg.data)
 
@@ -163,5 +247,9 @@ def run_train_drafter(cfg, model_path: str | Path, out: str | Path, progress: bo
 
     train = encode(training_problems(mix, d.distill_prompts, cfg.data.seed))
     heldout = encode(heldout_problems(mix, d.eval_prompts, cfg.data.seed))
-    _, report = distill_drafter(model, train, heldout, d, tokenizer.eos_token_id, out, cfg.seed, progress)
+    distill = DISTILLERS[d.kind]
+    _, report = distill(model, train, heldout, d, tokenizer.eos_token_id, out, cfg.seed, progress)
     return report
+
+
+DISTILLERS = {"eagle": distill_drafter, "small_lm": distill_small_lm}
