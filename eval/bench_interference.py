@@ -3,8 +3,9 @@
 Under `scheduler.policy=spot` a rank whose share is done trains the drafter while another rank still decodes.
 The scheduler never lets a rank train during its own rollout, so any slowdown of the rollout comes from the
 hardware the two cores share (last-level cache, memory bandwidth). This benchmark isolates it: plain native
-decoding of held-out prompts on core 0 while core 1 is idle or runs drafter micro-steps (`DrafterStepper`, the
-spot trainer, on a buffer of the target's own features) at several `drafter.batch_tokens`. Conditions run in
+decoding of held-out prompts on core 0 while core 1 is idle, spins in a pure-Python loop (busy, next to no
+memory traffic), or runs drafter micro-steps (`DrafterStepper`, the spot trainer, on a buffer of the target's
+own features) at several `drafter.batch_tokens`. Conditions run in
 turn for `--rounds` rounds; reported: median decode tokens/s per condition and the slowdown vs idle.
 
   OMP_NUM_THREADS=1 python -m eval.bench_interference --target runs/quickstart/model \
@@ -60,7 +61,7 @@ def fill_buffer(model, prompts: list[list[int]], eos: int):
 
 
 def trainer(target: str, drafter: str, prompts, commands, done) -> None:
-    """Core 1: wait for ("train", batch_tokens) / ("idle", 0) / ("stop", 0); report micro-steps per command."""
+    """Core 1: wait for ("train", batch_tokens) / ("spin", 0) / ("idle", 0) / ("stop", 0); report micro-steps."""
     os.sched_setaffinity(0, {1})
     torch.set_num_threads(1)
     from tlt.config import DrafterConfig
@@ -82,6 +83,9 @@ def trainer(target: str, drafter: str, prompts, commands, done) -> None:
             stepper = DrafterStepper(eagle.head, buffer, DrafterConfig(batch_tokens=batch_tokens))
         done.put(("started", 0))
         while commands.empty():
+            if kind == "spin":  # busy without memory traffic: separates a shared core from a shared cache
+                sum(range(10_000))
+                continue
             if stepper is None:
                 time.sleep(0.001)
                 continue
@@ -116,12 +120,12 @@ def run(args) -> dict:
     proc = ctx.Process(target=trainer, args=(args.target, args.drafter, prompts[:16], commands, done), daemon=True)
     proc.start()
     assert done.get()[0] == "ready"
-    conditions = [("idle", 0)] + [("train", b) for b in args.batch_tokens]
+    conditions = [("idle", 0), ("spin", 0)] + [("train", b) for b in args.batch_tokens]
     results: dict[str, dict[str, list[float]]] = {}
     decode_tokens_per_second(engine, prompts[: args.batch], args.batch, args.max_new_tokens)  # warm-up
     for round_ in range(args.rounds):
         for kind, batch_tokens in conditions:
-            name = "idle" if kind == "idle" else f"train@{batch_tokens}"
+            name = f"train@{batch_tokens}" if kind == "train" else kind
             commands.put((kind, batch_tokens))
             done.get()
             time.sleep(0.2)  # the trainer is inside its first micro-step
