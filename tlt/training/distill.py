@@ -20,6 +20,7 @@ Acceptance is measured before and after training on held-out prompts: mean token
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,44 +126,21 @@ def distill_drafter(
 
     Starts from the saved drafter at cfg.path when given, else from an untrained head seeded by `seed`.
     """
-    start = time.perf_counter()
     drafter = EagleDrafter.load(cfg.path) if cfg.path else EagleDrafter.from_target(model, seed)
     drafter.bind(model)
 
-    def measure() -> float:
-        return acceptance_length(
-            model, drafter, heldout_prompts, cfg.eval_strategy, cfg.distill_max_new_tokens, eos_token_id
-        )
+    def train(sampling: SamplingParams) -> _Trained:
+        data = collect_sequences(model, train_prompts, sampling, eos_token_id)
+        pairs = sum(int(s.loss_mask[1:].sum()) for s in data)
+        _say(progress, f"{len(data)} sequences, {pairs} response pairs; training {cfg.train_steps} steps")
+        buffer = DrafterBuffer(max_bytes=max(1, sum(s.nbytes for s in data)), seed=seed)
+        buffer.add(data)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            last = fit_drafter(drafter.head, buffer, cfg, cfg.train_steps, progress)
+        return _Trained(len(data), pairs, last["loss"], last["top1"])
 
-    before = measure()
-    where = f"{cfg.eval_strategy}, {len(heldout_prompts)} held-out prompts"
-    _say(progress, f"acceptance length before training: {before:.3f} ({where})")
-    sampling = SamplingParams(cfg.distill_temperature, max_new_tokens=cfg.distill_max_new_tokens, seed=seed)
-    data = collect_sequences(model, train_prompts, sampling, eos_token_id)
-    pairs = sum(int(s.loss_mask[1:].sum()) for s in data)
-    _say(progress, f"{len(data)} sequences, {pairs} response pairs; training {cfg.train_steps} steps")
-    buffer = DrafterBuffer(max_bytes=max(1, sum(s.nbytes for s in data)), seed=seed)
-    buffer.add(data)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        last = fit_drafter(drafter.head, buffer, cfg, cfg.train_steps, progress)
-    after = measure()
-    _say(progress, f"acceptance length after training: {after:.3f} (before {before:.3f})")
-    if out is not None:
-        drafter.save(out)
-    seconds = time.perf_counter() - start
-    report = DistillReport(
-        len(data),
-        pairs,
-        cfg.train_steps,
-        cfg.eval_strategy,
-        before,
-        after,
-        last["loss"],
-        last["top1"],
-        seconds,
-    )
-    return drafter, report
+    return drafter, _measured(model, drafter, heldout_prompts, cfg, eos_token_id, out, seed, progress, train)
 
 
 def distill_small_lm(
@@ -177,12 +155,61 @@ def distill_small_lm(
     batch_size: int = 16,
 ) -> tuple[SmallLMDrafter, DistillReport]:
     """Distil a small LM drafter (preset cfg.small_lm_preset, or the saved one at cfg.path) for `model`."""
-    start = time.perf_counter()
     if cfg.path:
         drafter = SmallLMDrafter.load(cfg.path)
     else:
         drafter = SmallLMDrafter.from_preset(cfg.small_lm_preset, model.config.vocab_size, seed)
     drafter.bind(model)
+
+    def train(sampling: SamplingParams) -> _Trained:
+        examples = collect_responses(model, train_prompts, sampling, eos_token_id)
+        tokens = sum(e.input_ids.numel() - e.num_prompt for e in examples)
+        _say(progress, f"{len(examples)} sequences, {tokens} response tokens; training {cfg.train_steps} steps")
+        epochs = -(-cfg.train_steps * batch_size // max(1, len(examples)))  # enough passes for train_steps
+        data = SFTDataModule(examples, batch_size, pad_id=0, seed=seed, epochs=epochs)
+        module = SFTModule(drafter.model.train(), cfg.lr, max(1, cfg.train_steps // 20), cfg.train_steps, 0.0)
+        trainer = L.Trainer(
+            accelerator="cpu" if drafter.device.type == "cpu" else drafter.device.type,
+            devices=1,
+            max_steps=cfg.train_steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=progress,
+            gradient_clip_val=1.0,
+        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            trainer.fit(module, datamodule=data)
+        drafter.model.eval()
+        return _Trained(len(examples), tokens, float(trainer.callback_metrics.get("loss", float("nan"))), None)
+
+    return drafter, _measured(model, drafter, heldout_prompts, cfg, eos_token_id, out, seed, progress, train)
+
+
+@dataclass
+class _Trained:
+    """What a distiller's training part reports: data size, last loss, top-1 agreement (EAGLE only)."""
+
+    sequences: int
+    train_pairs: int
+    loss: float
+    top1: float | None
+
+
+def _measured(
+    model,
+    drafter: Drafter,
+    heldout_prompts: list[list[int]],
+    cfg: DrafterConfig,
+    eos_token_id: int | None,
+    out: str | Path | None,
+    seed: int,
+    progress: bool,
+    train: Callable[[SamplingParams], _Trained],
+) -> DistillReport:
+    """Held-out acceptance length before and after `train` (given the distillation sampling), then the save."""
+    start = time.perf_counter()
 
     def measure() -> float:
         return acceptance_length(
@@ -190,38 +217,24 @@ def distill_small_lm(
         )
 
     before = measure()
-    _say(progress, f"acceptance length before training: {before:.3f} ({cfg.eval_strategy})")
-    sampling = SamplingParams(cfg.distill_temperature, max_new_tokens=cfg.distill_max_new_tokens, seed=seed)
-    examples = collect_responses(model, train_prompts, sampling, eos_token_id)
-    tokens = sum(e.input_ids.numel() - e.num_prompt for e in examples)
-    _say(progress, f"{len(examples)} sequences, {tokens} response tokens; training {cfg.train_steps} steps")
-    epochs = -(-cfg.train_steps * batch_size // max(1, len(examples)))  # enough passes for train_steps
-    data = SFTDataModule(examples, batch_size, pad_id=0, seed=seed, epochs=epochs)
-    module = SFTModule(drafter.model.train(), cfg.lr, max(1, cfg.train_steps // 20), cfg.train_steps, 0.0)
-    trainer = L.Trainer(
-        accelerator="cpu" if drafter.device.type == "cpu" else drafter.device.type,
-        devices=1,
-        max_steps=cfg.train_steps,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=progress,
-        gradient_clip_val=1.0,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        trainer.fit(module, datamodule=data)
-    drafter.model.eval()
-    loss = float(trainer.callback_metrics.get("loss", float("nan")))
+    where = f"{cfg.eval_strategy}, {len(heldout_prompts)} held-out prompts"
+    _say(progress, f"acceptance length before training: {before:.3f} ({where})")
+    trained = train(SamplingParams(cfg.distill_temperature, max_new_tokens=cfg.distill_max_new_tokens, seed=seed))
     after = measure()
     _say(progress, f"acceptance length after training: {after:.3f} (before {before:.3f})")
     if out is not None:
         drafter.save(out)
-    seconds = time.perf_counter() - start
-    report = DistillReport(
-        len(examples), tokens, cfg.train_steps, cfg.eval_strategy, before, after, loss, None, seconds
+    return DistillReport(
+        trained.sequences,
+        trained.train_pairs,
+        cfg.train_steps,
+        cfg.eval_strategy,
+        before,
+        after,
+        trained.loss,
+        trained.top1,
+        time.perf_counter() - start,
     )
-    return drafter, report
 
 
 def _say(enabled: bool, text: str) -> None:
@@ -230,7 +243,7 @@ def _say(enabled: bool, text: str) -> None:
 
 
 def run_train_drafter(cfg, model_path: str | Path, out: str | Path, progress: bool = True) -> DistillReport:
-    """`tlt train-drafter`: distil an EAGLE head for the HF folder `model_path` into `out` (RunConfig cfg)."""
+    """`tlt train-drafter`: distil a cfg.drafter.kind drafter for the HF folder `model_path` into `out`."""
     from tlt.config import ConfigError
     from tlt.data.prompts import format_prompt
     from tlt.data.splits import heldout_problems, task_mix, training_problems
