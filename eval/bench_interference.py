@@ -165,9 +165,9 @@ def render(report: dict) -> str:
         "# Rollout slowdown from drafter training on the other core",
         "",
         f"Plain greedy native decoding of {s['prompts']} held-out prompts (batch {s['batch']}, up to "
-        f"{s['max_new_tokens']} tokens) on core 0 of `{s['target']}`, while core 1 is idle or runs spot drafter "
-        f"micro-steps of `{s['drafter']}` at each `drafter.batch_tokens`; {s['rounds']} rounds, conditions in turn, "
-        "medians.",
+        f"{s['max_new_tokens']} tokens) on core 0 of `{s['target']}`, while core 1 is idle, spins in a pure-Python "
+        f"loop, or runs spot drafter micro-steps of `{s['drafter']}` at each `drafter.batch_tokens`; {s['rounds']} "
+        "rounds, conditions in turn, medians.",
         "",
         "| core 1 | decode tok/s | slowdown vs idle | drafter micro-steps meanwhile |",
         "|---|---:|---:|---:|",
