@@ -8,9 +8,10 @@ Configurations (same target, drafter, prompts, seeds):
   adaptive-<k>    a learning tuner (cost, beg, ucb1) over all strategies, no manual settings
 
 Each configuration runs one untimed warm-up rollout (learning tuners keep what they learned, as they would
-across RL steps), then `--repeats` timed rollouts; medians are reported. Also writes the adaptive tuner's
-decisions (SD on/off and strategy per running batch size) as a table and a PNG, and the tuner's own cost per
-decode step.
+across RL steps), then `--repeats` timed rollouts; medians are reported. Rounds are interleaved (round r of
+every configuration before round r + 1 of any), so slow drift of a shared machine does not favour one.
+Also writes the adaptive tuner's decisions (SD on/off and strategy per running batch size) as a table and a
+PNG, and the tuner's own cost per decode step.
 
   python eval/bench_adaptive.py --target runs/quickstart/model --drafter runs/quickstart/drafter \
       --prompts 16 --samples 8 --out runs/bench-adaptive
@@ -84,35 +85,35 @@ def tuners(strategies: list[str], seed: int) -> dict[str, object]:
     return out
 
 
-def run_config(engine: NativeEngine, prompts, params: SamplingParams, n: int, repeats: int) -> dict:
-    """Warm-up + `repeats` timed rollouts; per-rollout wall seconds, tokens and the step stats of the last."""
-    timed = engine.tuner
-    walls, tokens, accepted, sd_tokens = [], [], [], []
-    for r in range(repeats + 1):
-        seeded = SamplingParams(**{**params.__dict__, "seed": params.seed + r})
-        start = time.perf_counter()
-        rollouts = engine.generate(prompts, seeded, n=n)
-        wall = time.perf_counter() - start
-        if r == 0:
-            continue
-        walls.append(wall)
-        tokens.append(sum(len(x.token_ids) for x in rollouts))
-        sd_steps = [s for s in engine.step_stats if s.sd_on]
-        accepted.append(sum(s.accepted_tokens for s in sd_steps) / max(1, sum(s.running_batch for s in sd_steps)))
-        sd_tokens.append(
-            sum(s.generated_tokens for s in sd_steps) / max(1, sum(s.generated_tokens for s in engine.step_stats))
-        )
-    steps = len(engine.step_stats)
+def run_round(engine: NativeEngine, prompts, params: SamplingParams, n: int, round_index: int) -> dict:
+    """One rollout with the round's seed: wall seconds, tokens and acceptance stats."""
+    seeded = SamplingParams(**{**params.__dict__, "seed": params.seed + round_index})
+    start = time.perf_counter()
+    rollouts = engine.generate(prompts, seeded, n=n)
+    wall = time.perf_counter() - start
+    sd_steps = [s for s in engine.step_stats if s.sd_on]
+    all_tokens = sum(s.generated_tokens for s in engine.step_stats)
+    return {
+        "wall": wall,
+        "tokens": sum(len(x.token_ids) for x in rollouts),
+        "accepted": sum(s.accepted_tokens for s in sd_steps) / max(1, sum(s.running_batch for s in sd_steps)),
+        "sd_share": sum(s.generated_tokens for s in sd_steps) / max(1, all_tokens),
+    }
+
+
+def summarise(rounds: list[dict], engine: NativeEngine) -> dict:
+    """Medians over the timed rounds, plus the tuner's overhead and the last rollout's decisions."""
+    walls = [r["wall"] for r in rounds]
     return {
         "wall_s": statistics.median(walls),
         "walls": walls,
-        "tokens": statistics.median(tokens),
-        "tokens_per_s": statistics.median(t / w for t, w in zip(tokens, walls, strict=True)),
-        "accepted_per_verify": statistics.median(accepted),
-        "sd_token_share": statistics.median(sd_tokens),
-        "tuner_us_per_step": 1e6 * timed.seconds / max(1, timed.calls),
+        "tokens": statistics.median(r["tokens"] for r in rounds),
+        "tokens_per_s": statistics.median(r["tokens"] / r["wall"] for r in rounds),
+        "accepted_per_verify": statistics.median(r["accepted"] for r in rounds),
+        "sd_token_share": statistics.median(r["sd_share"] for r in rounds),
+        "tuner_us_per_step": 1e6 * engine.tuner.seconds / max(1, engine.tuner.calls),
         "decisions": [(s.running_batch, s.strategy) for s in engine.step_stats],
-        "steps_last": steps,
+        "steps_last": len(engine.step_stats),
     }
 
 
@@ -149,21 +150,34 @@ def plot_decisions(decisions: list[tuple[int, str | None]], path: Path, title: s
     tmp.replace(path)
 
 
+def paired_ratio(results: dict[str, dict], slow: str, fast: str) -> float:
+    """Median over rounds of wall(slow) / wall(fast), each round's pair measured back to back."""
+    return statistics.median(a / b for a, b in zip(results[slow]["walls"], results[fast]["walls"], strict=True))
+
+
 def markdown(results: dict[str, dict], machine: str, table: dict, best_fixed: str) -> str:
     base = results["sd-never"]["wall_s"]
     lines = [
         f"# Adaptive rollout benchmark\n\n{machine}\n",
-        "| config | wall s (median) | speedup vs sd-never | tokens/s | accepted/verify | SD token share "
-        "| tuner us/step |",
-        "|---|---|---|---|---|---|---|",
+        "| config | wall s (median) | speedup vs sd-never | paired speedup (median of rounds) | tokens/s "
+        "| accepted/verify | SD token share | tuner us/step |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['wall_s']:.2f} | {base / r['wall_s']:.2f}x | {r['tokens_per_s']:.0f} | "
+            f"| {name} | {r['wall_s']:.2f} | {base / r['wall_s']:.2f}x | "
+            f"{paired_ratio(results, 'sd-never', name):.2f}x | {r['tokens_per_s']:.0f} | "
             f"{r['accepted_per_verify']:.2f} | {r['sd_token_share']:.0%} | {r['tuner_us_per_step']:.0f} |"
         )
+    lines.append(f"\nBest fixed strategy in hindsight: {best_fixed}.")
+    if best_fixed in results:
+        for name in (k for k in results if k.startswith("adaptive-")):
+            lines.append(
+                f"- {name}: wall / {best_fixed}'s wall = {results[name]['wall_s'] / results[best_fixed]['wall_s']:.3f} "
+                f"(medians), {1 / paired_ratio(results, best_fixed, name):.3f} (median of per-round ratios)"
+            )
     lines += [
-        f"\nBest fixed strategy in hindsight: {best_fixed}.\n",
+        "",
         "\n## Adaptive (cost) decisions by running batch size\n",
     ]
     lines += ["| batch sizes | choices (share of decode steps) |", "|---|---|"]
@@ -203,26 +217,31 @@ def main(argv: list[str] | None = None) -> int:
     params = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed)
     strategies = args.strategies.split(",")
     wanted = args.configs.split(",") if args.configs else None
-    results = {}
+    engines = {}
     for name, tuner in tuners(strategies, args.seed).items():
         if wanted and name not in wanted and name != "sd-never":
             continue
         drafter = load_drafter(args.drafter) if args.drafter else NgramDrafter()
-        engine = NativeEngine(
+        engines[name] = NativeEngine(
             model,
             tokenizer.eos_token_id,
             max_seq_len=max(map(len, prompts)) + args.max_new_tokens,
             tuner=TimedTuner(tuner),
             drafter=drafter,
         )
-        results[name] = run_config(engine, prompts, params, args.samples, args.repeats)
-        r = results[name]
-        print(
-            f"[bench-adaptive] {name}: {r['wall_s']:.2f} s, {r['tokens_per_s']:.0f} tok/s, "
-            f"accepted/verify {r['accepted_per_verify']:.2f}",
-            file=sys.stderr,
-            flush=True,
-        )
+    rounds: dict[str, list[dict]] = {name: [] for name in engines}
+    for r in range(args.repeats + 1):  # round 0 warms up (learning tuners keep what they learn)
+        for name, engine in engines.items():  # interleaved, so drift of the machine hits every config alike
+            measured = run_round(engine, prompts, params, args.samples, r)
+            print(
+                f"[bench-adaptive] round {r}/{args.repeats} {name}: {measured['wall']:.2f} s, "
+                f"accepted/verify {measured['accepted']:.2f}" + (" (warm-up)" if r == 0 else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+            if r > 0:
+                rounds[name].append(measured)
+    results = {name: summarise(rounds[name], engine) for name, engine in engines.items()}
     fixed = {k: v["wall_s"] for k, v in results.items() if k.startswith("always-")}
     best_fixed = min(fixed, key=fixed.get) if fixed else "n/a"
     adaptive = next((k for k in results if k.startswith("adaptive-")), None)

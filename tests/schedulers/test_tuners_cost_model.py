@@ -69,6 +69,30 @@ def test_prediction_combines_acceptance_and_cost():
     assert tuner.predicted_tokens_per_second(S213, 4) is None
 
 
+def test_acceptance_is_local_to_the_batch_size():
+    """The long tail (b = 1) accepts everything, the full batch (b = 64) nothing: rows pooled over all batch
+    sizes would predict ~0.06 accepted per row at b = 1 and leave SD off in the tail."""
+    tuner = CostModelTuner(STRATEGIES, min_pulls=2)
+    for _ in range(3):
+        tuner.update(S415, 1, 1 + 4, 0.02)
+        tuner.update(S415, 64, 64, 0.2)
+        tuner.update(None, 1, 1, 0.01)
+        tuner.update(None, 64, 64, 0.05)
+    assert tuner.predicted_tokens_per_second(S415, 1) == pytest.approx(5 / 0.02)
+    assert tuner.predicted_tokens_per_second(S415, 64) == pytest.approx(64 / 0.2)
+    tuner.update(S415, 16, 16 + 16, 0.04)  # b = 16: 1 SD step < min_pulls: pooled rows instead
+    assert tuner.predicted_tokens_per_second(S415, 16) == pytest.approx(16 * (1 + 28 / (3 + 3 * 64 + 16)) / 0.04)
+
+
+def test_cost_is_fitted_locally_in_log_batch_size():
+    """Step time flat up to b = 8, then steep: one line through all points would overprice small batches."""
+    tuner = CostModelTuner(STRATEGIES, min_pulls=1)
+    for b in (1, 2, 3, 4, 6, 8, 16, 32, 64, 128):
+        tuner.update(None, b, b, 0.01 + 0.001 * max(b - 8, 0))
+    assert tuner.predicted_tokens_per_second(None, 2) == pytest.approx(2 / 0.01)
+    assert tuner.predicted_tokens_per_second(None, 128) == pytest.approx(128 / 0.13, rel=0.05)
+
+
 def test_sd_on_at_small_batch_and_off_at_large_batch(sim):
     batches = [1, 3, 64] * 3000
     picks = sim.drive(CostModelTuner(STRATEGIES, seed=0), sim.Env(seed=1), batches)

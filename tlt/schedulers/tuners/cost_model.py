@@ -1,20 +1,25 @@
 """A model-based SD tuner: predict tokens/s of every arm at the current batch size and play the best.
 
-No hand-set buckets. Per arm (each strategy, and plain decoding) it fits the step time as a line in the batch
-size, seconds(b) = a + c * b, by least squares over the arm's last `window` steps; per strategy it also keeps
-the mean accepted draft tokens per row over the last `acceptance_window` SD steps (accepted = generated - b
-per step, since update() only reports generated tokens; pooled over rows, so a batch-64 step weighs 64 rows).
-It then predicts
+No hand-set buckets. The statistics are local in log2 of the batch size, because neither cost nor acceptance
+is the same across a rollout: step time bends away from a line as the batch grows (a CPU turns from
+weight-bandwidth-bound to compute-bound), and the sequences left in the long tail accept differently (often
+repetitive, so more) than the full batch. Per arm (each strategy, and plain decoding) and per power-of-two
+batch range ("octave": [1], [2-3], [4-7], ...) the tuner keeps the arm's last `window` steps there and, per
+strategy, the accepted draft tokens per row of its last `acceptance_window` SD steps there (accepted =
+generated - b per step, since update() only reports generated tokens). At batch size b it fits the step time
+as a line, seconds(b) = a + c * b, by least squares over the points of b's octave and its two neighbours, takes
+the mean accepted tokens per row over the same three octaves (over all batch sizes while those hold fewer than
+`min_pulls` fresh SD steps), and predicts
 
     SD:    b * (1 + accepted) / t_sd(b)        plain:    b / t_plain(b)
 
-and plays the arm with the highest prediction, so SD turns off where plain decoding is predicted faster.
-Exploration keeps the estimates fresh: every arm is forced `min_pulls` times per power-of-two batch range
-([1], [2-3], [4-7], ...), and an epsilon that decays as epsilon * decay / (decay + steps) down to
-`epsilon_min` plays a random other arm among those predicted at least `explore_ratio` times as fast as the
-best here (exploring an arm known to be 3x slower at this batch size only burns time). Acceptance samples
-older than `acceptance_horizon` tuner steps are dropped and an arm left with fewer than `min_pulls` fresh ones
-is forced again, so acceptance drift of the arms not being played is noticed too.
+then plays the arm with the highest prediction, so SD turns off where plain decoding is predicted faster.
+Exploration keeps the estimates fresh: every arm is forced `min_pulls` times per octave, and an epsilon that
+decays as epsilon * decay / (decay + steps) down to `epsilon_min` plays a random other arm among those
+predicted at least `explore_ratio` times as fast as the best here (exploring an arm known to be 3x slower at
+this batch size only burns time). Acceptance samples older than `acceptance_horizon` tuner steps are dropped
+and an SD arm left with fewer than `min_pulls` fresh ones over all batch sizes is forced again, so acceptance
+drift of the arms not being played is noticed too.
 """
 
 from __future__ import annotations
@@ -62,17 +67,7 @@ class LinearCost:
 
     def predict(self, batch_size: int) -> float | None:
         """Predicted seconds at this batch size; None without data. Slope and intercept are kept >= 0."""
-        n = len(self.points)
-        if n == 0:
-            return None
-        sum_b, sum_t, sum_bb, sum_bt = self.sums
-        mean_b, mean_t = sum_b / n, sum_t / n
-        var_b = sum_bb / n - mean_b * mean_b
-        slope = max((sum_bt / n - mean_b * mean_t) / var_b, 0.0) if var_b > 1e-6 * max(mean_b, 1.0) else 0.0
-        intercept = mean_t - slope * mean_b
-        if intercept < 0:  # refit through the origin
-            intercept, slope = 0.0, sum_bt / sum_bb
-        return max(intercept + slope * batch_size, 1e-12)
+        return fit_line([self], batch_size)
 
     def to_state(self) -> dict[str, Any]:
         return {"points": [list(p) for p in self.points], "sums": list(self.sums), "pushes": self.pushes}
@@ -84,6 +79,24 @@ class LinearCost:
 
 
 _TERMS = (lambda b, t: float(b), lambda b, t: t, lambda b, t: float(b * b), lambda b, t: b * t)
+
+
+def fit_line(costs: Sequence[LinearCost], batch_size: int) -> float | None:
+    """Least-squares line through the points of all `costs`, evaluated at `batch_size`; None without points.
+
+    Slope and intercept are kept >= 0 (noise must not predict a step getting cheaper as the batch grows).
+    """
+    n = sum(len(c.points) for c in costs)
+    if n == 0:
+        return None
+    sum_b, sum_t, sum_bb, sum_bt = (sum(c.sums[i] for c in costs) for i in range(len(_TERMS)))
+    mean_b, mean_t = sum_b / n, sum_t / n
+    var_b = sum_bb / n - mean_b * mean_b
+    slope = max((sum_bt / n - mean_b * mean_t) / var_b, 0.0) if var_b > 1e-6 * max(mean_b, 1.0) else 0.0
+    intercept = mean_t - slope * mean_b
+    if intercept < 0:  # refit through the origin
+        intercept, slope = 0.0, sum_bt / sum_bb
+    return max(intercept + slope * batch_size, 1e-12)
 
 
 class RecentAcceptance:
@@ -127,6 +140,12 @@ class RecentAcceptance:
         self.steps = deque((tuple(int(v) for v in step) for step in state), maxlen=self.steps.maxlen)
         self.accepted = sum(step[1] for step in self.steps)
         self.rows = sum(step[2] for step in self.steps)
+
+
+def _near_octaves(batch_size: int) -> slice:
+    """The octaves next to and including batch_size's: [b/2, 4b) roughly."""
+    octave = batch_size.bit_length() - 1
+    return slice(max(octave - 1, 0), octave + 2)
 
 
 class CostModelTuner(StrategyTuner):
@@ -174,9 +193,11 @@ class CostModelTuner(StrategyTuner):
             "epsilon_decay": epsilon_decay,
             "explore_ratio": float(explore_ratio),
         }
-        self.costs = [LinearCost(window) for _ in self.arms]
+        # [arm][octave] with octave = floor(log2 b), grown as batch sizes appear
+        self.costs: list[list[LinearCost]] = [[] for _ in self.arms]
+        self.local_acceptance: list[list[RecentAcceptance]] = [[] for _ in self.arms]
+        self.pulls_per_octave: list[list[int]] = [[] for _ in self.arms]  # lifetime pulls
         self.acceptance = [RecentAcceptance(acceptance_window, acceptance_horizon) for _ in self.arms]
-        self.pulls_per_octave: list[list[int]] = [[] for _ in self.arms]  # [arm][floor(log2 b)] lifetime pulls
         self.steps = 0
         self.rng = random.Random(seed)
 
@@ -194,11 +215,21 @@ class CostModelTuner(StrategyTuner):
         return self._predict(self.arms.index(strategy), batch_size)
 
     def _predict(self, index: int, batch_size: int) -> float | None:
-        seconds = self.costs[index].predict(batch_size)
+        near = _near_octaves(batch_size)
+        seconds = fit_line(self.costs[index][near], batch_size)
         if seconds is None:
             return None
-        accepted = self.acceptance[index].mean if self.arms[index] is not None else 0.0
+        accepted = self._accepted_per_row(index, near) if self.arms[index] is not None else 0.0
         return batch_size * (1.0 + accepted) / seconds
+
+    def _accepted_per_row(self, index: int, near: slice) -> float:
+        """Mean accepted draft tokens per row near this batch size, or over all sizes while that is thin."""
+        local = self.local_acceptance[index][near]
+        for acceptance in local:
+            acceptance.expire(self.steps)
+        if sum(len(a.steps) for a in local) >= self.options["min_pulls"]:
+            return sum(a.accepted for a in local) / sum(a.rows for a in local)
+        return self.acceptance[index].mean
 
     def select(self, batch_size: int) -> SpecStrategy | None:
         check_batch_size(batch_size)
@@ -230,14 +261,23 @@ class CostModelTuner(StrategyTuner):
     def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_step(strategy, self.arms, batch_size, generated_tokens, seconds)
         index = self.arms.index(strategy)
-        self.costs[index].push(batch_size, float(seconds))
-        if strategy is not None:
-            self.acceptance[index].push(self.steps, max(generated_tokens - batch_size, 0), batch_size)
-        pulls = self.pulls_per_octave[index]
         octave = batch_size.bit_length() - 1
-        pulls.extend([0] * (octave + 1 - len(pulls)))
-        pulls[octave] += 1
+        self._grow(index, octave)
+        self.costs[index][octave].push(batch_size, float(seconds))
+        if strategy is not None:
+            accepted = max(generated_tokens - batch_size, 0)
+            self.acceptance[index].push(self.steps, accepted, batch_size)
+            self.local_acceptance[index][octave].push(self.steps, accepted, batch_size)
+        self.pulls_per_octave[index][octave] += 1
         self.steps += 1
+
+    def _grow(self, index: int, octave: int) -> None:
+        """Per-octave statistics of one arm up to `octave`."""
+        opts = self.options
+        for _ in range(octave + 1 - len(self.costs[index])):
+            self.costs[index].append(LinearCost(opts["window"]))
+            self.local_acceptance[index].append(RecentAcceptance(opts["acceptance_window"], opts["acceptance_horizon"]))
+            self.pulls_per_octave[index].append(0)
 
     def _config(self) -> dict[str, Any]:
         return {"arms": [arm_name(a) for a in self.arms], **self.options}
@@ -248,7 +288,8 @@ class CostModelTuner(StrategyTuner):
             "config": self._config(),
             "rng": rng_state(self.rng),
             "steps": self.steps,
-            "costs": [c.to_state() for c in self.costs],
+            "costs": [[c.to_state() for c in arm] for arm in self.costs],
+            "local_acceptance": [[a.to_state() for a in arm] for arm in self.local_acceptance],
             "acceptance": [a.to_state() for a in self.acceptance],
             "pulls_per_octave": [list(p) for p in self.pulls_per_octave],
         }
@@ -257,8 +298,14 @@ class CostModelTuner(StrategyTuner):
         check_state(state, self.kind, self._config())
         set_rng_state(self.rng, state["rng"])
         self.steps = int(state["steps"])
-        for cost, saved in zip(self.costs, state["costs"], strict=True):
-            cost.load(saved)
+        self.pulls_per_octave = [[] for _ in self.arms]
+        self.costs, self.local_acceptance = [[] for _ in self.arms], [[] for _ in self.arms]
+        for index, pulls in enumerate(state["pulls_per_octave"]):
+            self._grow(index, len(pulls) - 1)
+            self.pulls_per_octave[index] = [int(n) for n in pulls]
+            for cost, saved in zip(self.costs[index], state["costs"][index], strict=True):
+                cost.load(saved)
+            for acceptance, saved in zip(self.local_acceptance[index], state["local_acceptance"][index], strict=True):
+                acceptance.load(saved)
         for acceptance, saved in zip(self.acceptance, state["acceptance"], strict=True):
             acceptance.load(saved)
-        self.pulls_per_octave = [[int(n) for n in p] for p in state["pulls_per_octave"]]
