@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="target policy HF folder with tokenizer (tlt bootstrap)")
     p.add_argument("--out", required=True, help="results folder (results.json, results.md, speedup.png)")
     p.add_argument("--eagle", help="saved EAGLE drafter folder (tlt train-drafter)")
+    p.add_argument("--eagle-int8", action="store_true", help="also run the --eagle drafter drafting in int8")
     p.add_argument("--small-lm", help="saved small_lm drafter folder")
     p.add_argument("--no-ngram", action="store_true", help="skip the n-gram (prompt lookup) drafter")
     p.add_argument("--config", help=CONFIG_HELP)
@@ -157,7 +158,8 @@ def _run_cell_child(spec_path: str, out_path: str) -> int:
     needed = {cell.drafter, "small_lm" if cell.drafter == HF_ASSISTANT else None}
     settings = dataclasses.replace(
         BenchSettings(**given),
-        eagle=given["eagle"] if "eagle" in needed else None,
+        eagle=given["eagle"] if needed & {"eagle", "eagle_int8"} else None,
+        eagle_int8=given["eagle_int8"] and "eagle_int8" in needed,
         small_lm=given["small_lm"] if "small_lm" in needed else None,
         ngram=given["ngram"] and "ngram" in needed,
     )
@@ -178,6 +180,7 @@ def build_payload(
     greedy = [r for r in rows if r.identical is not None]
     failed = [f"{r.drafter}/{r.strategy}/b{r.batch_size}: {r.first_mismatch}" for r in greedy if not r.identical]
     paths = {"eagle": settings.eagle, "small_lm": settings.small_lm, "ngram": "model-free"}
+    paths["eagle_int8"] = settings.eagle
     return {
         "machine": machine,
         "settings": dataclasses.asdict(settings),

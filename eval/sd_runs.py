@@ -79,6 +79,9 @@ def load_drafters(settings: BenchSettings) -> dict[str, Drafter]:
             drafters[kind] = load_drafter(path)
             if drafters[kind].kind != kind:
                 raise ValueError(f"--{kind.replace('_', '-')} {path} holds a {drafters[kind].kind!r} drafter")
+    if settings.eagle is not None and settings.eagle_int8:
+        drafters["eagle_int8"] = load_drafter(settings.eagle)
+        drafters["eagle_int8"].int8 = True  # its engine's bind() builds the int8 drafting copy
     if settings.ngram:
         drafters["ngram"] = NgramDrafter()
     return drafters

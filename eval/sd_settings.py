@@ -17,6 +17,7 @@ class BenchSettings:
     target: str  # HF folder of the target policy (model + tokenizer), e.g. runs/bootstrap-tiny/model
     out: str  # results folder: results.json, results.md, speedup.png
     eagle: str | None = None  # saved EAGLE drafter folder (tlt train-drafter)
+    eagle_int8: bool = False  # also benchmark that EAGLE drafter drafting in int8 ("eagle_int8")
     small_lm: str | None = None  # saved small_lm drafter folder
     ngram: bool = True  # also benchmark the model-free n-gram drafter
     config: str | None = None  # YAML run config; its data section picks the held-out problems
@@ -59,6 +60,7 @@ class BenchSettings:
         """Drafter kinds to benchmark, in report order."""
         chosen = (
             ("eagle", self.eagle is not None),
+            ("eagle_int8", self.eagle is not None and self.eagle_int8),
             ("small_lm", self.small_lm is not None),
             ("ngram", self.ngram),
         )

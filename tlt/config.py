@@ -152,6 +152,7 @@ class SpeculativeConfig:
     window: int = 300  # reward window of the bandits
     buckets: list[str] = field(default_factory=lambda: ["1", "4", "20", "inf"])  # `beg`/`ucb1` batch-size upper bounds
     seed: int = 0
+    draft_int8: bool = False  # native engine, eagle drafter, CPU: draft with an int8 copy of the head
 
     def __post_init__(self) -> None:
         if str(self.tuner) == "False":  # YAML 1.1 reads an unquoted `off` as the boolean false

@@ -45,7 +45,7 @@ def folders(tmp_path_factory):
 
 def test_bench_sd_reports_every_config_with_greedy_identity(folders, tmp_path):
     argv = [
-        "--target", str(folders / "model"), "--eagle", str(folders / "eagle"),
+        "--target", str(folders / "model"), "--eagle", str(folders / "eagle"), "--eagle-int8",
         "--small-lm", str(folders / "small_lm"), "--out", str(tmp_path), "--batch-sizes", "1,2",
         "--strategies", "2_1_3", "--temperatures", "0,1", "--max-new-tokens", "8", "--min-prompts", "1",
         "--repeats", "1", "--warmup", "0", "--hf-batch-sizes", "1", "--cost-reps", "1",
@@ -55,9 +55,10 @@ def test_bench_sd_reports_every_config_with_greedy_identity(folders, tmp_path):
     planned = plan_cells(settings_from_args(build_parser().parse_args(argv)))
     assert [c["name"] for c in payload["cells"]] == [c.name for c in planned]
     sd = {(r["drafter"], r["batch_size"], r["temperature"]) for r in payload["sd"]}
-    assert sd == {(d, b, t) for d in ("eagle", "small_lm", "ngram") for b in (1, 2) for t in (0.0, 1.0)}
+    kinds = ("eagle", "eagle_int8", "small_lm", "ngram")
+    assert sd == {(d, b, t) for d in kinds for b in (1, 2) for t in (0.0, 1.0)}
     greedy = [r for r in payload["sd"] if r["temperature"] == 0]
-    assert payload["identity"] == {"ok": True, "checked": 6, "failed": []}
+    assert payload["identity"] == {"ok": True, "checked": 8, "failed": []}
     assert all(r["identical"] and r["bound"] > 0 and r["mean_running_batch"] == r["batch_size"] for r in greedy)
     assert all(c["generated_tokens"] == 8 * c["num_prompts"] for c in payload["cells"])  # EOS ignored
     peers = {r["comparison"] for r in payload["peers"]}

@@ -21,6 +21,11 @@ def check_backend_config(cfg: RunConfig) -> None:
     from tlt.config import ConfigError
 
     backend, spec = cfg.rollout.backend, cfg.speculative
+    if spec.draft_int8 and (backend != "native" or cfg.drafter.kind != "eagle"):
+        raise ConfigError(
+            "speculative.draft_int8: int8 drafting is a native-engine option for the eagle drafter, got "
+            f"rollout.backend={backend}, drafter.kind={cfg.drafter.kind}; set speculative.draft_int8=false"
+        )
     if backend == "native" or not spec.enabled:
         return
     if spec.tuner != "fixed":
@@ -67,7 +72,15 @@ def engine_from_config(
 
         tuner = tuner_from_config(spec) if spec.enabled else None
         model = copy.deepcopy(policy)
-        return NativeEngine(model, tokenizer.eos_token_id, r.max_seq_len, tuner, device=device, truncate_prompts="left")
+        return NativeEngine(
+            model,
+            tokenizer.eos_token_id,
+            r.max_seq_len,
+            tuner,
+            device=device,
+            truncate_prompts="left",
+            draft_int8=spec.draft_int8,
+        )
     import torch.distributed as dist
 
     from tlt.models.io import save_hf_folder

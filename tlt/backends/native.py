@@ -53,7 +53,10 @@ class NativeEngine:
         return_hidden: bool = False,
         device: str | torch.device = "cpu",
         truncate_prompts: str | None = None,
+        draft_int8: bool = False,
     ):
+        """draft_int8: EAGLE drafters draft with an int8 copy of their head (CPU, float32 target), rebuilt at
+        every set_drafter(); the output is unchanged, a draft step streams a quarter of the head's bytes."""
         if truncate_prompts not in (None, "left"):
             raise ValueError(f"truncate_prompts must be None (raise) or 'left', got {truncate_prompts!r}")
         limit = model.config.max_position_embeddings
@@ -67,6 +70,7 @@ class NativeEngine:
         self.return_hidden = return_hidden
         self.truncate_prompts = truncate_prompts
         self.runner = ModelRunner(LeanModel.from_hf(self.model), max_seq_len)
+        self.draft_int8 = draft_int8
         self.drafter: Drafter | None = None
         self.set_drafter(drafter)
         self.weights_version: int | None = None
@@ -75,8 +79,18 @@ class NativeEngine:
 
     def set_drafter(self, drafter: Drafter | None) -> None:
         if drafter is not None:
-            drafter.bind(self.model)
+            self._bind(drafter)
         self.drafter = drafter
+
+    def _bind(self, drafter: Drafter) -> None:
+        if self.draft_int8:
+            if not hasattr(drafter, "int8"):
+                raise ValueError(
+                    f"draft_int8 drafts with an int8 copy of an EAGLE head; a {drafter.kind} drafter has none "
+                    "(set speculative.draft_int8=false or drafter.kind=eagle)"
+                )
+            drafter.int8 = True
+        drafter.bind(self.model)
 
     def close(self) -> None:
         """Nothing to release: the engine lives in this process."""
@@ -84,7 +98,7 @@ class NativeEngine:
     def check_drafter(self, drafter: Drafter | None) -> None:
         """Raise unless `drafter` runs against this target: binds it (shapes) and drafts once."""
         if drafter is not None:
-            drafter.bind(self.model)
+            self._bind(drafter)
             dry_run(drafter, self.model)
 
     @torch.inference_mode()

@@ -15,6 +15,7 @@ all candidates are verified. topk == 1 gives the greedy chain.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import torch
@@ -33,9 +34,11 @@ class EagleDrafter(Drafter):
     kind = "eagle"
     uses_target_hidden = True
 
-    def __init__(self, head: EagleHead, flush_every: int = 32):
+    def __init__(self, head: EagleHead, flush_every: int = 32, int8: bool = False):
         self.head = head.eval()
         self.flush_every = flush_every
+        self.int8 = int8  # draft with an int8 copy of the head, rebuilt by every bind()
+        self.drafting_head: EagleHead = self.head  # what propose() runs: the head, or its int8 copy
         self.k: torch.Tensor | None = None  # [B, Hkv, S, Dh] committed pairs' keys, then draft scratch
         self.v: torch.Tensor | None = None
         self.cache_lens: torch.Tensor | None = None  # [B] consumed pairs per row
@@ -63,7 +66,7 @@ class EagleDrafter(Drafter):
         with torch.random.fork_rng(devices=[]):  # the throwaway init must not move the global RNG
             head = EagleHead(self.config).to(device=weight.device, dtype=weight.dtype)
         head.load_state_dict(self.head.state_dict())
-        return type(self)(head, self.flush_every)
+        return type(self)(head, self.flush_every, self.int8)
 
     def bind(self, target: torch.nn.Module) -> None:
         cfg, tcfg = self.config, target.config
@@ -82,6 +85,7 @@ class EagleDrafter(Drafter):
         embed = target.get_input_embeddings().weight
         self.head.to(device=embed.device, dtype=embed.dtype)
         self.head.share(embed, target.get_output_embeddings().weight)
+        self.drafting_head = int8_copy(self.head) if self.int8 else self.head
 
     # ---- state -------------------------------------------------------------------------------------------
 
@@ -156,7 +160,7 @@ class EagleDrafter(Drafter):
         Q = tokens.shape[1]
         rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
         slots = self.cache_lens[:, None] + offset + torch.arange(Q, device=tokens.device)  # [B, Q]
-        return self.head(tokens, hidden, positions, mask, cache=(self.k, self.v, rows, slots))
+        return self.drafting_head(tokens, hidden, positions, mask, cache=(self.k, self.v, rows, slots))
 
     def _reserve(self, slots: int) -> None:
         """Grow the cache (doubling) to hold `slots` entries per row."""
@@ -203,19 +207,19 @@ class EagleDrafter(Drafter):
 
     def _propose_chain(self, depth: int) -> DraftTree:
         """The top-1 beam without the tree bookkeeping: level l is one causal query at slot cache_len + l - 1."""
-        token = self.head.logits(self.feature).argmax(dim=-1)  # [B]
+        token = self.drafting_head.logits(self.feature).argmax(dim=-1)  # [B]
         tokens, feature = [self.last_token, token], self.feature
         self._reserve(int(self.cache_lens.max()) + depth - 1)
         for level in range(1, depth):
             lens = self.cache_lens + level - 1  # [B] the node's slot; the earlier draft slots are its ancestors
             mask = attention_mask(lens, 1, int(lens.max()) + 1, None)
             feature = self._forward(token[:, None], feature[:, None], lens[:, None], mask, offset=level - 1)[:, 0]
-            token = self.head.logits(feature).argmax(dim=-1)
+            token = self.drafting_head.logits(feature).argmax(dim=-1)
             tokens.append(token)
         return DraftTree.chain(torch.stack(tokens, dim=1))
 
     def _log_probs(self, feature: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(self.head.logits(feature).float(), dim=-1)  # [B, Q, V]
+        return torch.log_softmax(self.drafting_head.logits(feature).float(), dim=-1)  # [B, Q, V]
 
     # ---- persistence -------------------------------------------------------------------------------------
 
@@ -252,6 +256,37 @@ class EagleDrafter(Drafter):
             )
         head.load_state_dict({k: v for k, v in state.items() if k in own})  # drops an export's zero biases
         return cls(head)
+
+
+def int8_copy(head: EagleHead) -> EagleHead:
+    """A copy of the head whose decoder layer's linears run int8 (fbgemm dynamic quantization), for CPUs.
+
+    Weights are quantized once, per output channel; activations per call, per tensor. A drafter's numbers never
+    change what SD outputs (the target verifies every token, and the drafter's own probabilities are what it
+    sampled from), only how many drafts are accepted; a one-token step of the layer streams a quarter of the
+    bytes, which is what it costs on a CPU. The fc stays float: its input concatenates the token embedding and
+    the target's feature, whose scales differ, and one activation scale for both cost the `small` drafter 7% of
+    its accepted tokens (0.3% of them with fc float). Norms, RoPE and the shared embedding / LM head stay float.
+    """
+    if head.embed.device.type != "cpu" or head.embed.dtype != torch.float32:
+        raise ValueError(
+            f"int8 drafting needs a float32 target on CPU, got {head.embed.dtype} on {head.embed.device}; "
+            "set speculative.draft_int8=false"
+        )
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    except ImportError as err:  # removed from torch after the pinned 2.13
+        raise ImportError(
+            f"int8 drafting uses torch.ao.quantization.quantize_dynamic, missing in torch {torch.__version__}; "
+            "install torch==2.13.0 or set speculative.draft_int8=false"
+        ) from err
+    copy = EagleHead(head.config)
+    copy.load_state_dict(head.state_dict())
+    copy.share(head.embed, head.lm_head)
+    with warnings.catch_warnings():  # torch 2.13 announces the quantized tensor types' future removal
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return quantize_dynamic(copy.eval(), {"layers": per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
 def _capacity(slots: int) -> int:

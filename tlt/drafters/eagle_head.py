@@ -164,7 +164,7 @@ class EagleHead(nn.Module):
         """
         if self.embed is None:
             raise RuntimeError("EagleHead has no embedding: bind the drafter to its target first")
-        x = self.fc(torch.cat([F.embedding(tokens, self.embed), hidden.to(self.fc.weight.dtype)], dim=-1))
+        x = self.fc(torch.cat([F.embedding(tokens, self.embed), hidden.to(self.embed.dtype)], dim=-1))
         rope = (self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None])  # [B, Q, 1, Dh]
         for layer in self.layers:
             x = layer(x, rope, mask, cache)
