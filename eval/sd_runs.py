@@ -135,8 +135,14 @@ class TimedDrafter(Drafter):
         self.inner.append(tokens, prev_hidden, counts)
 
     def propose(self, strategy: SpecStrategy) -> DraftTree:
+        return self._timed(self.inner.propose, strategy)
+
+    def propose_sampled(self, strategy: SpecStrategy, sampling, generator) -> DraftTree:
+        return self._timed(self.inner.propose_sampled, strategy, sampling, generator)
+
+    def _timed(self, propose, *args) -> DraftTree:
         start = time.perf_counter()
-        tree = self.inner.propose(strategy)
+        tree = propose(*args)
         self.seconds += time.perf_counter() - start
         self.calls += 1
         return tree

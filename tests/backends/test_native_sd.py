@@ -79,6 +79,37 @@ class ToyDrafter(Drafter):
         return tokens, parents
 
 
+class SampledChainDrafter(ToyDrafter):
+    """At temperature > 0, samples chains from q = 0.8 p^2 / sum(p^2) + 0.2 uniform, p the target's own
+    distribution for the row's prefix and the drafts so far (a full HF forward per level), and returns q as
+    draft_probs. q is sharper than p, so the rejection residual max(0, p - q) is far from p."""
+
+    def bind(self, native_target):
+        super().bind(native_target)
+        self.model = native_target
+
+    @torch.no_grad()
+    def propose_sampled(self, strategy, sampling, generator):
+        from tlt.speculative.sampling import probs_from_logits, sample_tokens
+
+        depth = strategy.verify_tokens - 1
+        drafts = [[] for _ in self.rows]
+        probs = []
+        for _ in range(depth):
+            q = []
+            for b, row in enumerate(self.rows):
+                logits = self.model(torch.tensor([row + drafts[b]])).logits[0, -1]
+                p = probs_from_logits(logits, sampling)
+                q.append(0.8 * p**2 / (p**2).sum() + 0.2 / self.vocab)
+            q = torch.stack(q)  # [B, V]
+            for b, token in enumerate(sample_tokens(q, generator).tolist()):
+                drafts[b].append(token)
+            probs.append(q)
+        tree = DraftTree.chain(torch.tensor([[row[-1]] + d for row, d in zip(self.rows, drafts, strict=True)]))
+        tree.draft_probs = torch.stack(probs, dim=1)
+        return tree
+
+
 class CyclingTuner:
     """Cycles through arms every step (None = plain decoding)."""
 
@@ -172,26 +203,45 @@ def test_drafter_gets_hidden_of_the_producing_position(native_target, plain):
     [
         SamplingParams(temperature=0.1, max_new_tokens=3, seed=11),  # peaked enough for a few outcomes
         SamplingParams(temperature=0.2, top_k=4, top_p=0.9, max_new_tokens=3, seed=12),
+        SamplingParams(temperature=1.0, top_k=3, max_new_tokens=3, seed=13),  # flat: rejections matter
     ],
-    ids=["t0.1", "t0.2-topk4-topp0.9"],
+    ids=["t0.1", "t0.2-topk4-topp0.9", "t1-topk3"],
 )
-def test_sd_sampling_matches_plain_first_tokens_distribution(native_target, params):
-    """Chi-square homogeneity of the joint first three tokens (rare outcomes pooled), alpha = 0.001."""
+@pytest.mark.parametrize("drafting", ["tree", "sampled_chain", "eagle_sampled_chain"])
+def test_sd_sampling_matches_plain_first_tokens_distribution(native_target, params, drafting):
+    """Chi-square homogeneity of the joint first three tokens (rare outcomes pooled), alpha = 0.001.
+
+    tree: fixed 2_2_5 trees, target-only rule; sampled_chain: chains drawn from a known q, min(1, p / q) rule;
+    eagle_sampled_chain: the EAGLE drafter's own sampled chains (int8 drafting, untrained head).
+    """
     from scipy.stats import chi2_contingency
+
+    from tlt.drafters.eagle import EagleDrafter
 
     prompt = [[7, 8]]
     plain_engine = NativeEngine(native_target, eos_token_id=None, max_seq_len=16)
     greedy = plain_engine.generate(prompt, SamplingParams(temperature=0, max_new_tokens=3))[0].token_ids
-    drafter = ToyDrafter({tuple(prompt[0]): greedy.tolist()}, 0.8, seed=5)
+    truth = {tuple(prompt[0]): greedy.tolist()}
+    drafter, strategy = {
+        "tree": (ToyDrafter(truth, 0.8, seed=5), STRATEGIES[2]),
+        "sampled_chain": (SampledChainDrafter(truth, 0.8, seed=5), STRATEGIES[1]),
+        "eagle_sampled_chain": (EagleDrafter.from_target(native_target, seed=1), STRATEGIES[1]),
+    }[drafting]
     sd_engine = NativeEngine(
-        native_target, eos_token_id=None, max_seq_len=16, tuner=CyclingTuner([STRATEGIES[2]]), drafter=drafter
+        native_target,
+        eos_token_id=None,
+        max_seq_len=16,
+        tuner=CyclingTuner([strategy]),
+        drafter=drafter,
+        draft_int8=drafting == "eagle_sampled_chain",
     )
     counts = []
     for engine in (plain_engine, sd_engine):
-        rollouts = engine.generate(prompt, params, n=400)
+        rollouts = engine.generate(prompt, params, n=1000 if drafting == "sampled_chain" else 400)
         counts.append([tuple(r.token_ids.tolist()) for r in rollouts])
     assert all(s.sd_on for s in sd_engine.step_stats)
-    assert sum(s.accepted_tokens for s in sd_engine.step_stats) > 0
+    if drafting != "eagle_sampled_chain":  # an untrained head's drafts may all be rejected
+        assert sum(s.accepted_tokens for s in sd_engine.step_stats) > 0
     keys = sorted({k for c in counts for k in c})
     table = [[c.count(k) for k in keys] for c in counts]
     common = [i for i in range(len(keys)) if table[0][i] + table[1][i] >= 10]

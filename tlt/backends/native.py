@@ -192,20 +192,30 @@ class NativeEngine:
         if strategy is None:
             emission, accepted = self.runner.decode(batch, kv_len, sampling, generator), None
         else:
-            tree = self._draft(strategy, batch.size)
+            tree = self._draft(strategy, batch.size, sampling, generator)
             emission, accepted = self.runner.speculate(batch, tree, kv_len, sampling, generator)
         size = batch.size
         batch, generated = self._commit(batch, emission, outputs)
         self._record(strategy, size, accepted, generated, time.perf_counter() - start)
         return batch
 
-    def _draft(self, strategy: SpecStrategy, batch_size: int) -> DraftTree:
-        tree = self.drafter.propose(strategy)
+    def _draft(self, strategy: SpecStrategy, batch_size: int, sampling, generator) -> DraftTree:
+        if sampling.greedy:
+            tree = self.drafter.propose(strategy)
+        else:
+            tree = self.drafter.propose_sampled(strategy, sampling, generator)
         shape = tuple(tree.tokens.shape)
         if shape != (batch_size, strategy.verify_tokens):
             raise ValueError(
                 f"drafter {type(self.drafter).__name__} proposed a tree of shape {shape} for strategy "
                 f"{strategy}; expected [B, N] = [{batch_size}, {strategy.verify_tokens}]"
+            )
+        probs = tree.draft_probs
+        expected = (batch_size, strategy.verify_tokens - 1, self.runner.lean.vocab_size)
+        if probs is not None and (tuple(probs.shape) != expected or bool((tree.parents[:, 1:] < 0).any())):
+            raise ValueError(
+                f"drafter {type(self.drafter).__name__} returned draft_probs of shape {tuple(probs.shape)}; "
+                f"sampled drafts must be a chain with draft_probs [B, N - 1, V] = {list(expected)}"
             )
         return tree
 

@@ -9,7 +9,7 @@ from tlt.backends.native_state import Emission, RunningBatch
 from tlt.models.lean import KVCache, LeanModel, commit_path, compact
 from tlt.speculative.sampling import probs_from_logits, sample_tokens, token_logprobs
 from tlt.speculative.tree import DraftTree
-from tlt.speculative.verify import emitted_tokens, verify_tree
+from tlt.speculative.verify import emitted_tokens, verify_chain_with_draft_probs, verify_tree
 
 
 def next_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator) -> torch.Tensor:
@@ -83,12 +83,15 @@ class ModelRunner:
         The root's token is taken from the batch (the pending token) so the cache never sees a wrong root.
         """
         tokens = torch.cat([batch.pending[:, None], tree.tokens[:, 1:]], dim=1)  # [B, N]
-        tree = DraftTree(tokens=tokens, parents=tree.parents)
+        tree = DraftTree(tokens=tokens, parents=tree.parents, draft_probs=tree.draft_probs)
         positions = batch.cache_lens[:, None] + tree.depths()  # [B, N]
         hidden, logits = self.lean.forward(
             tokens, positions, self.cache, batch.cache_lens, tree_mask=tree.ancestor_mask(), kv_len=kv_len
         )  # [B, N, D], [B, N, V]
-        result = verify_tree(tree, logits, sampling, generator)
+        if tree.draft_probs is None:
+            result = verify_tree(tree, logits, sampling, generator)
+        else:  # a chain sampled from known q: row i of logits predicts chain node i + 1
+            result = verify_chain_with_draft_probs(tree.tokens[:, 1:], tree.draft_probs, logits, sampling, generator)
         emitted, counts = emitted_tokens(tree, result)  # [B, K + 1], token j was predicted at node path[j]
         nodes = result.path.clamp(min=0)[:, :, None]  # [B, K + 1, 1]
         emitted = emitted.clamp(min=0)

@@ -10,11 +10,15 @@ from __future__ import annotations
 import copy
 from abc import ABC, abstractmethod
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tlt.speculative.strategy import SpecStrategy
 from tlt.speculative.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tlt.backends.base import SamplingParams
 
 
 class DrafterMismatchError(ValueError):
@@ -56,6 +60,18 @@ class Drafter(ABC):
     @abstractmethod
     def propose(self, strategy: SpecStrategy) -> DraftTree:
         """Draft a tree per row, rooted at its last committed token, with strategy.verify_tokens nodes."""
+
+    def propose_sampled(
+        self, strategy: SpecStrategy, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> DraftTree:
+        """Draft for a sampled (temperature > 0) decode step; by default the same tree as `propose`.
+
+        A drafter that can sample a chain from a distribution q it knows returns q in `DraftTree.draft_probs`
+        (q after the step's temperature / top-k / top-p, drawn with `generator`): the engine then verifies
+        with min(1, p / q), which accepts a draft with probability ~1 - TV(p, q) instead of p(draft), far
+        more when the target's distribution is flat and the drafter matches it.
+        """
+        return self.propose(strategy)
 
     @abstractmethod
     def keep(self, rows: torch.Tensor) -> None:

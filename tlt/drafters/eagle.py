@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,8 +25,12 @@ import torch.nn.functional as F
 from tlt.drafters.base import Drafter, DrafterMismatchError
 from tlt.drafters.eagle_head import EagleConfig, EagleHead
 from tlt.models.lean import attention_mask
+from tlt.speculative.sampling import probs_from_logits, sample_tokens
 from tlt.speculative.strategy import SpecStrategy
 from tlt.speculative.tree import DraftTree
+
+if TYPE_CHECKING:
+    from tlt.backends.base import SamplingParams
 
 WEIGHTS_FILE = "model.safetensors"
 
@@ -180,6 +185,18 @@ class EagleDrafter(Drafter):
             return self._propose_chain(depth)
         return self._propose_tree(strategy, depth)
 
+    @torch.inference_mode()
+    def propose_sampled(
+        self, strategy: SpecStrategy, sampling: SamplingParams, generator: torch.Generator | None
+    ) -> DraftTree:
+        """Chains at temperature > 0 are sampled level by level from q, the head's distribution under the
+        step's temperature / top-k / top-p (q tracks the target's p, so min(1, p / q) accepts most drafts);
+        trees and greedy steps draft as `propose`."""
+        if strategy.topk != 1 or sampling.greedy:
+            return self.propose(strategy)
+        self._flush()
+        return self._propose_chain(min(strategy.steps, strategy.verify_tokens - 1), (sampling, generator))
+
     def _propose_tree(self, strategy: SpecStrategy, depth: int) -> DraftTree:
         """EAGLE-2 beam drafting (works for any topk; `_propose_chain` is the faster topk == 1 case)."""
         K = strategy.topk
@@ -205,18 +222,35 @@ class EagleDrafter(Drafter):
             parent = K * (level - 1) + source
         return beam.select(self.last_token, strategy.num_draft_tokens)
 
-    def _propose_chain(self, depth: int) -> DraftTree:
-        """The top-1 beam without the tree bookkeeping: level l is one causal query at slot cache_len + l - 1."""
-        token = self.drafting_head.logits(self.feature).argmax(dim=-1)  # [B]
-        tokens, feature = [self.last_token, token], self.feature
+    def _propose_chain(self, depth: int, sample: tuple[SamplingParams, torch.Generator | None] | None = None):
+        """The top-1 beam without the tree bookkeeping: level l is one causal query at slot cache_len + l - 1.
+
+        With `sample` = (sampling, generator) each level's token is drawn from q instead of taken as its argmax,
+        and the q's come back as `draft_probs` [B, depth, V].
+        """
+        token, q = self._pick(self.feature, sample)  # [B]
+        tokens, probs, feature = [self.last_token, token], [q], self.feature
         self._reserve(int(self.cache_lens.max()) + depth - 1)
         for level in range(1, depth):
             lens = self.cache_lens + level - 1  # [B] the node's slot; the earlier draft slots are its ancestors
             mask = attention_mask(lens, 1, int(lens.max()) + 1, None)
             feature = self._forward(token[:, None], feature[:, None], lens[:, None], mask, offset=level - 1)[:, 0]
-            token = self.drafting_head.logits(feature).argmax(dim=-1)
+            token, q = self._pick(feature, sample)
             tokens.append(token)
-        return DraftTree.chain(torch.stack(tokens, dim=1))
+            probs.append(q)
+        tree = DraftTree.chain(torch.stack(tokens, dim=1))
+        if sample is not None:
+            tree.draft_probs = torch.stack(probs, dim=1)
+        return tree
+
+    def _pick(self, feature: torch.Tensor, sample) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Next draft token per row ([B]) from predicted features [B, D]: argmax, or a draw from q (returned)."""
+        logits = self.drafting_head.logits(feature)
+        if sample is None:
+            return logits.argmax(dim=-1), None
+        sampling, generator = sample
+        q = probs_from_logits(logits, sampling)
+        return sample_tokens(q, generator), q
 
     def _log_probs(self, feature: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(self.drafting_head.logits(feature).float(), dim=-1)  # [B, Q, V]

@@ -18,6 +18,9 @@ class DraftTree:
 
     tokens: torch.Tensor  # [B, N] int64, token of each node; tokens[:, 0] is the root
     parents: torch.Tensor  # [B, N] int64, parent node index, -1 for the root
+    # chains drafted by sampling: [B, N - 1, V], node i + 1 was sampled from draft_probs[:, i]; the verifier
+    # then accepts with min(1, p / q) (~1 - TV(p, q) per token) instead of p(node) (None: drafts are fixed)
+    draft_probs: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
