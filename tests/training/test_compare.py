@@ -1,6 +1,7 @@
 """TLT vs baseline comparison (`train.compare_baseline`): medians after warm-up, the Amdahl bound by hand,
 the baseline config, and `tlt train` running both runs end to end on a random test-preset policy."""
 
+import dataclasses
 import json
 import math
 
@@ -41,6 +42,19 @@ def test_comparison_ratios_and_amdahl_bound_by_hand():
     assert math.isclose(result.amdahl_bound, 1 / (0.2 + 0.8 / 4))  # 2.5x
     assert "2.00x" in result.summary() and "| 0.400 | 0.400 |" in result.markdown()
     assert json.loads(json.dumps(result.to_dict()))["amdahl_bound"] == pytest.approx(2.5)
+
+
+def test_a_step_ratio_above_its_amdahl_bound_is_flagged():
+    baseline = RunTimes(step=2.75, rollout=0.69, train=1.96, drafter=0.0, reward_mean=0.3, accept_length=0.0)
+    tlt = RunTimes(step=1.96, rollout=0.68, train=1.08, drafter=0.27, reward_mean=0.3, accept_length=1.2)
+    result = Comparison(measured_steps=11, tlt=tlt, baseline=baseline, base_heldout_accuracy=0.25)
+    assert result.speedup == pytest.approx(1.40, abs=0.01) and result.amdahl_bound == pytest.approx(1.0, abs=0.01)
+    assert "runs differ outside the rollout (train 1.08s vs 1.96s" in result.caveat
+    assert "- note: the step ratio is 1.40x its Amdahl bound" in result.markdown()
+    assert "note:" in result.summary()
+    honest = Comparison(measured_steps=11, tlt=tlt, baseline=dataclasses.replace(baseline, step=1.95, train=1.07),
+                        base_heldout_accuracy=0.25)  # fmt: skip
+    assert honest.caveat is None and "note:" not in honest.markdown()
 
 
 def test_baseline_config_turns_tlt_off_and_nothing_else():

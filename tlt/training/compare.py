@@ -78,8 +78,21 @@ class Comparison:
         r, s = self.rollout_share, self.rollout_speedup
         return 1 / ((1 - r) + r / s)
 
+    @property
+    def caveat(self) -> str | None:
+        """A warning when the step ratio beats its Amdahl bound by more than 10%: then it is not the rollout's."""
+        ratio = self.speedup / self.amdahl_bound
+        if ratio <= 1.1:  # below the bound is TLT's own cost (drafter training, tuner), not a measurement issue
+            return None
+        return (
+            f"the step ratio is {ratio:.2f}x its Amdahl bound: the runs differ outside the rollout (train "
+            f"{self.tlt.train:.2f}s vs {self.baseline.train:.2f}s per step; at temperature > 0 the two runs draw "
+            "different samples, so response lengths and training cost differ). Read the rollout ratio, and "
+            "compare step times over several seeds"
+        )
+
     def to_dict(self) -> dict:
-        derived = ("speedup", "rollout_speedup", "rollout_share", "amdahl_bound")
+        derived = ("speedup", "rollout_speedup", "rollout_share", "amdahl_bound", "caveat")
         return asdict(self) | {name: getattr(self, name) for name in derived}
 
     def summary(self) -> str:
@@ -88,7 +101,7 @@ class Comparison:
             f"(rollout {self.rollout_speedup:.2f}x, rollout share r={self.rollout_share:.0%}, Amdahl bound "
             f"{self.amdahl_bound:.2f}x, {self.speedup / self.amdahl_bound:.0%} of it); held-out accuracy base "
             f"{_pct(self.base_heldout_accuracy)} -> TLT {_pct(self.tlt.heldout_accuracy)}, baseline "
-            f"{_pct(self.baseline.heldout_accuracy)}"
+            f"{_pct(self.baseline.heldout_accuracy)}" + (f"\nnote: {self.caveat}" if self.caveat else "")
         )
 
     def markdown(self) -> str:
@@ -116,6 +129,7 @@ class Comparison:
             f"- baseline rollout share r = {self.rollout_share:.1%}; Amdahl bound 1 / ((1 - r) + r / s) = "
             f"{self.amdahl_bound:.2f}x; measured / bound = {self.speedup / self.amdahl_bound:.2f}",
             f"- held-out accuracy of the starting policy: {_pct(self.base_heldout_accuracy)}",
+            *([f"- note: {self.caveat}"] if self.caveat else []),
         ]
         return "\n".join(lines) + "\n"
 
