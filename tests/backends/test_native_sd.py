@@ -251,6 +251,23 @@ def test_sd_sampling_matches_plain_first_tokens_distribution(native_target, para
     assert chi2_contingency(table).pvalue > 1e-3
 
 
+def test_draft_probs_on_a_tree_are_rejected(native_target, plain):
+    """min(1, p / q) verification is for chains: a tree carrying draft_probs is a drafter bug, not a draft."""
+
+    class TreeWithProbs(ToyDrafter):
+        def propose_sampled(self, strategy, sampling, generator):
+            tree = self.propose(strategy)
+            tree.draft_probs = torch.full((*tree.tokens.shape[:1], tree.num_nodes - 1, self.vocab), 1 / self.vocab)
+            return tree
+
+    drafter = TreeWithProbs(_truth(plain), 0.8)
+    engine = NativeEngine(
+        native_target, eos_token_id=None, max_seq_len=32, tuner=CyclingTuner([STRATEGIES[2]]), drafter=drafter
+    )
+    with pytest.raises(ValueError, match="sampled drafts must be a chain"):
+        engine.generate(PROMPTS[:1], SamplingParams(temperature=1.0, max_new_tokens=4, seed=0))
+
+
 def test_fixed_tuner_turns_sd_on_in_the_long_tail(native_target, plain):
     from tlt.schedulers.tuners import FixedTuner
 

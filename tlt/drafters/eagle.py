@@ -314,13 +314,13 @@ def int8_copy(head: EagleHead) -> EagleHead:
             f"int8 drafting uses torch.ao.quantization.quantize_dynamic, missing in torch {torch.__version__}; "
             "install torch==2.13.0 or set speculative.draft_int8=false"
         ) from err
-    copy = EagleHead(head.config)
-    copy.load_state_dict(head.state_dict())
-    copy.share(head.embed, head.lm_head)
+    twin = EagleHead(head.config)
+    twin.load_state_dict(head.state_dict())
+    twin.share(head.embed, head.lm_head)
     with warnings.catch_warnings():  # torch 2.13 announces the quantized tensor types' future removal
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        return quantize_dynamic(copy.eval(), {"layers": per_channel_dynamic_qconfig}, dtype=torch.qint8)
+        return quantize_dynamic(twin.eval(), {"layers": per_channel_dynamic_qconfig}, dtype=torch.qint8)
 
 
 def _capacity(slots: int) -> int:

@@ -79,9 +79,14 @@ class Comparison:
         return 1 / ((1 - r) + r / s)
 
     @property
+    def of_bound(self) -> float:
+        """The measured step ratio over its Amdahl bound."""
+        return self.speedup / self.amdahl_bound
+
+    @property
     def caveat(self) -> str | None:
         """A warning when the step ratio beats its Amdahl bound by more than 10%: then it is not the rollout's."""
-        ratio = self.speedup / self.amdahl_bound
+        ratio = self.of_bound
         if ratio <= 1.1:  # below the bound is TLT's own cost (drafter training, tuner), not a measurement issue
             return None
         return (
@@ -99,7 +104,7 @@ class Comparison:
         return (
             f"TLT step {self.tlt.step:.2f}s vs baseline {self.baseline.step:.2f}s: {self.speedup:.2f}x "
             f"(rollout {self.rollout_speedup:.2f}x, rollout share r={self.rollout_share:.0%}, Amdahl bound "
-            f"{self.amdahl_bound:.2f}x, {self.speedup / self.amdahl_bound:.0%} of it); held-out accuracy base "
+            f"{self.amdahl_bound:.2f}x, {self.of_bound:.0%} of it); held-out accuracy base "
             f"{_pct(self.base_heldout_accuracy)} -> TLT {_pct(self.tlt.heldout_accuracy)}, baseline "
             f"{_pct(self.baseline.heldout_accuracy)}" + (f"\nnote: {self.caveat}" if self.caveat else "")
         )
@@ -127,7 +132,7 @@ class Comparison:
             "",
             f"- step speedup **{self.speedup:.2f}x**; rollout speedup s = {self.rollout_speedup:.2f}x",
             f"- baseline rollout share r = {self.rollout_share:.1%}; Amdahl bound 1 / ((1 - r) + r / s) = "
-            f"{self.amdahl_bound:.2f}x; measured / bound = {self.speedup / self.amdahl_bound:.2f}",
+            f"{self.amdahl_bound:.2f}x; measured / bound = {self.of_bound:.2f}",
             f"- held-out accuracy of the starting policy: {_pct(self.base_heldout_accuracy)}",
             *([f"- note: {self.caveat}"] if self.caveat else []),
         ]

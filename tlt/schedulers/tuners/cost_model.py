@@ -142,9 +142,14 @@ class RecentAcceptance:
         self.rows = sum(step[2] for step in self.steps)
 
 
+def _octave(batch_size: int) -> int:
+    """floor(log2 b): the power-of-two batch range [1], [2-3], [4-7], ... that b falls in."""
+    return batch_size.bit_length() - 1
+
+
 def _near_octaves(batch_size: int) -> slice:
     """The octaves next to and including batch_size's: [b/2, 4b) roughly."""
-    octave = batch_size.bit_length() - 1
+    octave = _octave(batch_size)
     return slice(max(octave - 1, 0), octave + 2)
 
 
@@ -248,7 +253,7 @@ class CostModelTuner(StrategyTuner):
 
     def _forced_arm(self, batch_size: int) -> int | None:
         """An arm with fewer than `min_pulls` pulls in this batch size's octave, or (SD arms) fresh steps."""
-        octave = batch_size.bit_length() - 1
+        octave = _octave(batch_size)
         min_pulls = self.options["min_pulls"]
         for index, (pulls, acceptance) in enumerate(zip(self.pulls_per_octave, self.acceptance, strict=True)):
             acceptance.expire(self.steps)
@@ -261,7 +266,7 @@ class CostModelTuner(StrategyTuner):
     def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_step(strategy, self.arms, batch_size, generated_tokens, seconds)
         index = self.arms.index(strategy)
-        octave = batch_size.bit_length() - 1
+        octave = _octave(batch_size)
         self._grow(index, octave)
         self.costs[index][octave].push(batch_size, float(seconds))
         if strategy is not None:
