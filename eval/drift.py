@@ -12,6 +12,14 @@ Drift is shown as the share of those greedy responses that differ from the base 
 
   OMP_NUM_THREADS=1 python -m eval.drift --config configs/tlt.yaml --drafter runs/quickstart/drafter \
       --steps 12 --out runs/drift grpo.lr=3e-4 scheduler.between_steps_budget=30
+
+A drafter trained on other data than the RL prompts (the usual case with an off-the-shelf drafter) shows how
+fast online training adapts it to the workload, e.g. one distilled on `products` problems alone:
+
+  tlt train-drafter runs/quickstart/model --output runs/drafter-products "data.families=[products]" \
+      "data.weights=[1.0]"
+  OMP_NUM_THREADS=1 python -m eval.drift --drafter runs/drafter-products --steps 12 --out runs/drift-offdist \
+      scheduler.between_steps_budget=30
 """
 
 from __future__ import annotations
