@@ -3,9 +3,9 @@
 Under `scheduler.policy=spot` a rank whose share is done trains the drafter while another rank still decodes.
 The scheduler never lets a rank train during its own rollout, so any slowdown of the rollout comes from the
 hardware the two cores share (last-level cache, memory bandwidth). This benchmark isolates it: plain native
-decoding of held-out prompts on core 0 while core 1 is idle, spins in a pure-Python loop (busy, next to no
-memory traffic), or runs drafter micro-steps (`DrafterStepper`, the spot trainer, on a buffer of the target's
-own features) at several `drafter.batch_tokens`. Conditions run in
+decoding of held-out prompts on core 0 while core 1 is idle, runs a synthetic load (`LOADS`: busy, vector
+math in its own cache, or streaming memory), or runs drafter micro-steps (`DrafterStepper`, the spot trainer,
+on a buffer of the target's own features) at several `drafter.batch_tokens`. Conditions run in
 turn for `--rounds` rounds; reported: median decode tokens/s per condition and the slowdown vs idle.
 
   OMP_NUM_THREADS=1 python -m eval.bench_interference --target runs/quickstart/model \
@@ -15,6 +15,7 @@ turn for `--rounds` rounds; reported: median decode tokens/s per condition and t
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -60,8 +61,34 @@ def fill_buffer(model, prompts: list[list[int]], eos: int):
     return buffer
 
 
+def _spin() -> None:
+    sum(range(10_000))
+
+
+@functools.cache
+def _tensor(*shape: int) -> torch.Tensor:
+    return torch.ones(shape)
+
+
+def _matmul() -> None:
+    small = _tensor(128, 128)  # 64 KB: stays in the core's own L2
+    for _ in range(50):
+        torch.mm(small, small)
+
+
+def _stream() -> None:
+    _tensor(16 * 2**20).mul_(1.0)  # 64 MB: twice the shared L3
+
+
+# Synthetic loads for core 1 that separate the causes of a slowdown: `spin` is busy with next to no memory
+# traffic (a shared core would show), `matmul` runs vector FMAs on data in its own L2 (shared execution
+# units or a shared clock would show), `stream` sweeps 64 MB (shared last-level cache and memory bandwidth).
+LOADS = {"spin": _spin, "matmul": _matmul, "stream": _stream}
+
+
 def trainer(target: str, drafter: str, prompts, commands, done) -> None:
-    """Core 1: wait for ("train", batch_tokens) / ("spin", 0) / ("idle", 0) / ("stop", 0); report micro-steps."""
+    """Core 1: wait for ("train", batch_tokens) / (a LOADS key, 0) / ("idle", 0) / ("stop", 0); report
+    micro-steps."""
     os.sched_setaffinity(0, {1})
     torch.set_num_threads(1)
     from tlt.config import DrafterConfig
@@ -83,8 +110,8 @@ def trainer(target: str, drafter: str, prompts, commands, done) -> None:
             stepper = DrafterStepper(eagle.head, buffer, DrafterConfig(batch_tokens=batch_tokens))
         done.put(("started", 0))
         while commands.empty():
-            if kind == "spin":  # busy without memory traffic: separates a shared core from a shared cache
-                sum(range(10_000))
+            if kind in LOADS:
+                LOADS[kind]()
                 continue
             if stepper is None:
                 time.sleep(0.001)
@@ -120,7 +147,7 @@ def run(args) -> dict:
     proc = ctx.Process(target=trainer, args=(args.target, args.drafter, prompts[:16], commands, done), daemon=True)
     proc.start()
     assert done.get()[0] == "ready"
-    conditions = [("idle", 0), ("spin", 0)] + [("train", b) for b in args.batch_tokens]
+    conditions = [("idle", 0)] + [(load, 0) for load in LOADS] + [("train", b) for b in args.batch_tokens]
     results: dict[str, dict[str, list[float]]] = {}
     decode_tokens_per_second(engine, prompts[: args.batch], args.batch, args.max_new_tokens)  # warm-up
     for round_ in range(args.rounds):
@@ -165,8 +192,9 @@ def render(report: dict) -> str:
         "# Rollout slowdown from drafter training on the other core",
         "",
         f"Plain greedy native decoding of {s['prompts']} held-out prompts (batch {s['batch']}, up to "
-        f"{s['max_new_tokens']} tokens) on core 0 of `{s['target']}`, while core 1 is idle, spins in a pure-Python "
-        f"loop, or runs spot drafter micro-steps of `{s['drafter']}` at each `drafter.batch_tokens`; {s['rounds']} "
+        f"{s['max_new_tokens']} tokens) on core 0 of `{s['target']}`, while core 1 is idle, runs a synthetic load "
+        "(spin: pure-Python loop; matmul: 128x128 matmuls in its own L2; stream: sweeps over 64 MB), or runs "
+        f"spot drafter micro-steps of `{s['drafter']}` at each `drafter.batch_tokens`; {s['rounds']} "
         "rounds, conditions in turn, medians.",
         "",
         "| core 1 | decode tok/s | slowdown vs idle | drafter micro-steps meanwhile |",
