@@ -5,8 +5,9 @@ and between_steps.
 wait); `between_steps` trains `scheduler.between_steps_budget` micro-steps after the rollout (time added to the
 step); `never` keeps it frozen. Reported per policy, medians over the steps after the first: rollout seconds
 (spot must not slow the rollout down: goal within 3% of never), step seconds, drafter micro-steps per RL step,
-idle seconds (ranks waiting for the last share) and the part of it spent training. Runs go one after another
-(each spawns its own ranks), `--rounds` times in turn.
+idle seconds (ranks waiting for the last share) and the part of it spent training; and the paired rollout
+ratio to never (median of per-step ratios at the same round and step: with SD off in the engine, every run
+decodes the same rollouts). Runs go one after another (each spawns its own ranks), `--rounds` times in turn.
 
   OMP_NUM_THREADS=1 python -m eval.bench_spot --config configs/tlt.yaml --steps 8 --rounds 2 --out runs/bench-spot \
       train.devices=2 drafter.path=runs/quickstart/drafter
@@ -50,6 +51,21 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def paired_rollout_ratios(runs: dict[str, list[list[dict]]]) -> dict[str, float]:
+    """Per policy: the median over rounds and steps of its rollout seconds over never's at the same round and
+    step. With the engine's SD off (speculative.tuner=off) every run decodes the same rollouts, so each ratio
+    compares one rollout with itself and a slow phase of the machine that hits one run shows as one round."""
+    never = runs["never"]
+    return {
+        policy: statistics.median(
+            float(row["rollout_seconds"]) / float(base["rollout_seconds"])
+            for rows, base_rows in zip(per_round, never, strict=True)
+            for row, base in zip(rows, base_rows, strict=True)
+        )
+        for policy, per_round in runs.items()
+    }
+
+
 def render(report: dict) -> str:
     s, rows = report["settings"], report["policies"]
     never = rows["never"]["rollout_seconds"]
@@ -59,17 +75,27 @@ def render(report: dict) -> str:
         f"`tlt train {s['config']} {' '.join(s['overrides'])}` with {s['steps']} steps per run, {s['rounds']} "
         "round(s) of the three policies in turn; medians over all steps after each run's first.",
         "",
-        "| policy | rollout s | vs never | step s | drafter s | drafter steps / RL step | spot steps | idle s "
-        "| idle s training | accept length |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | rollout s | vs never | paired vs never | step s | drafter s | drafter steps / RL step | "
+        "spot steps | idle s | idle s training | accept length |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    paired = report.get("paired_rollout_ratios", {})
     for name, r in rows.items():
+        ratio = f"{paired[name] - 1:+.1%}" if name in paired else "-"
         lines.append(
-            f"| {name} | {r['rollout_seconds']:.2f} | {r['rollout_seconds'] / never - 1:+.1%} | "
+            f"| {name} | {r['rollout_seconds']:.2f} | {r['rollout_seconds'] / never - 1:+.1%} | {ratio} | "
             f"{r['step_seconds']:.2f} | {r['drafter_seconds']:.2f} | {r['drafter_steps']:.0f} | "
             f"{r['spot_steps']:.0f} | {r['idle_seconds']:.2f} | {r['idle_train_seconds']:.2f} | "
             f"{r['accept_length']:.2f} |"
         )
+    if paired:
+        lines += [
+            "",
+            "Paired: median over rounds and steps of (rollout s / never's at the same round and step).",
+        ]
+    for name, per_round in report.get("rounds", {}).items():
+        medians = ", ".join(f"{statistics.median(float(r['rollout_seconds']) for r in rs):.2f}" for rs in per_round)
+        lines.append(f"- {name}: median rollout s per round {medians}")
     lines += ["", "Machine: " + json.dumps(report["machine"])]
     return "\n".join(lines) + "\n"
 
@@ -84,15 +110,18 @@ def main(argv=None) -> int:
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run (e.g. train.devices=2)")
     args = p.parse_args(argv)
     policies = args.policies.split(",")
-    rows = {policy: [] for policy in policies}
+    runs: dict[str, list[list[dict]]] = {policy: [] for policy in policies}
     for round_ in range(args.rounds):
         for policy in policies:
-            rows[policy] += run_policy(args, policy, round_)
+            runs[policy].append(run_policy(args, policy, round_))
     report = {
         "settings": vars(args),
         "machine": describe_machine(),
-        "policies": {policy: summarize(r) for policy, r in rows.items()},
+        "policies": {policy: summarize([r for rs in per_round for r in rs]) for policy, per_round in runs.items()},
+        "rounds": runs,
     }
+    if "never" in runs:
+        report["paired_rollout_ratios"] = paired_rollout_ratios(runs)
     out = Path(args.out)
     atomic_write_json(out / "spot.json", report)
     text = render(report)

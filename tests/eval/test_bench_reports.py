@@ -44,7 +44,42 @@ def test_spot_summary_reports_rollout_change_against_never():
         },
     }
     text = bench_spot.render(report)
-    assert "| spot | 2.02 | +1.0% | 3.52 |" in text and "| 12 |" in text
+    assert "| spot | 2.02 | +1.0% | - | 3.52 |" in text and "| 12 |" in text
+
+
+def test_spot_paired_ratio_pairs_each_step_with_never_at_the_same_round():
+    def rows(*seconds):
+        return [{"rollout_seconds": s} for s in seconds]
+
+    runs = {
+        "never": [rows(1.0, 2.0, 4.0), rows(2.0, 4.0, 8.0)],  # round 2 ran in a slow phase of the machine
+        "spot": [rows(1.1, 2.2, 4.4), rows(2.0, 4.0, 8.0)],
+    }
+    ratios = bench_spot.paired_rollout_ratios(runs)
+    assert ratios["never"] == 1.0
+    assert abs(ratios["spot"] - 1.05) < 1e-12  # median of 1.1, 1.1, 1.1, 1.0, 1.0, 1.0
+    report = {
+        "settings": {"config": "c.yaml", "overrides": [], "steps": 3, "rounds": 2},
+        "machine": {},
+        "policies": {p: bench_spot.summarize([{**r, **FILLER} for rs in v for r in rs]) for p, v in runs.items()},
+        "rounds": runs,
+        "paired_rollout_ratios": ratios,
+    }
+    text = bench_spot.render(report)
+    assert "| +5.0% |" in text
+    assert "- never: median rollout s per round 2.00, 4.00" in text
+
+
+FILLER = {
+    "train_seconds": 1,
+    "drafter_seconds": 0,
+    "push_seconds": 0,
+    "drafter_steps": 0,
+    "spot_steps": 0,
+    "idle_seconds": 0,
+    "idle_train_seconds": 0,
+    "accept_length": 0,
+}
 
 
 def test_interference_slowdown_is_against_the_idle_median():
