@@ -10,8 +10,8 @@ Configurations (same target, drafter, prompts, seeds):
 Each configuration runs one untimed warm-up rollout (learning tuners keep what they learned, as they would
 across RL steps), then `--repeats` timed rollouts; medians are reported. Rounds are interleaved (round r of
 every configuration before round r + 1 of any), so slow drift of a shared machine does not favour one.
-Also writes the adaptive tuner's decisions (SD on/off and strategy per running batch size) as a table and a
-PNG, and the tuner's own cost per decode step.
+Also writes the adaptive tuner's decisions (SD on/off and strategy per running batch size) as a table over the
+decode steps of all timed rounds and a PNG of the last rollout's steps, and the tuner's own cost per decode step.
 
   python eval/bench_adaptive.py --target runs/quickstart/model --drafter runs/quickstart/drafter \
       --prompts 16 --samples 8 --out runs/bench-adaptive
@@ -98,11 +98,13 @@ def run_round(engine: NativeEngine, prompts, params: SamplingParams, n: int, rou
         "tokens": sum(len(x.token_ids) for x in rollouts),
         "accepted": sum(s.accepted_tokens for s in sd_steps) / max(1, sum(s.running_batch for s in sd_steps)),
         "sd_share": sum(s.generated_tokens for s in sd_steps) / max(1, all_tokens),
+        "decisions": [(s.running_batch, s.strategy) for s in engine.step_stats],
     }
 
 
 def summarise(rounds: list[dict], engine: NativeEngine) -> dict:
-    """Medians over the timed rounds, plus the tuner's overhead and the last rollout's decisions."""
+    """Medians over the timed rounds, plus the tuner's overhead and its decisions (all timed rounds, and the
+    last rollout's in step order)."""
     walls = [r["wall"] for r in rounds]
     return {
         "wall_s": statistics.median(walls),
@@ -112,7 +114,8 @@ def summarise(rounds: list[dict], engine: NativeEngine) -> dict:
         "accepted_per_verify": statistics.median(r["accepted"] for r in rounds),
         "sd_token_share": statistics.median(r["sd_share"] for r in rounds),
         "tuner_us_per_step": 1e6 * engine.tuner.seconds / max(1, engine.tuner.calls),
-        "decisions": [(s.running_batch, s.strategy) for s in engine.step_stats],
+        "decisions": [d for r in rounds for d in r["decisions"]],
+        "decisions_last": rounds[-1]["decisions"],
         "steps_last": len(engine.step_stats),
     }
 
@@ -178,7 +181,7 @@ def markdown(results: dict[str, dict], machine: str, table: dict, best_fixed: st
             )
     lines += [
         "",
-        "\n## Adaptive (cost) decisions by running batch size\n",
+        "\n## Adaptive (cost) decisions by running batch size (decode steps of all timed rounds)\n",
     ]
     lines += ["| batch sizes | choices (share of decode steps) |", "|---|---|"]
     for rng, shares in table.items():
@@ -251,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     machine = ", ".join(f"{k}: {v}" for k, v in describe_machine().items())
-    summary = {k: {m: v for m, v in r.items() if m != "decisions"} for k, r in results.items()}
+    summary = {k: {m: v for m, v in r.items() if not m.startswith("decisions")} for k, r in results.items()}
     atomic_write_json(
         out / "adaptive.json",
         {
@@ -265,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(out / "adaptive.md", markdown(results, machine, table, best_fixed))
     if adaptive:
         plot_decisions(
-            results[adaptive]["decisions"],
+            results[adaptive]["decisions_last"],
             out / "adaptive_decisions.png",
             f"{adaptive}: SD strategy per decode step (last rollout)",
         )

@@ -1,10 +1,11 @@
 """The adaptive-rollout benchmark's pieces: reference bucket table, decision table, and a smoke run."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from eval.bench_adaptive import ReferenceTuner, decision_table, main, tuners
+from eval.bench_adaptive import ReferenceTuner, decision_table, main, summarise, tuners
 from tlt.models.io import save_hf_folder
 from tlt.models.presets import build_model
 from tlt.models.tokenizer import train_tokenizer
@@ -72,3 +73,18 @@ def test_smoke_run_writes_report_and_plot(tmp_path, bench_target):
     assert set(report["results"]) == {"sd-never", "always-2_1_3", "adaptive-cost"}
     assert (out / "adaptive_decisions.png").stat().st_size > 1000
     assert "speedup vs sd-never" in (out / "adaptive.md").read_text()
+
+
+def test_summary_tables_the_decisions_of_every_timed_round_and_plots_the_last():
+    engine = SimpleNamespace(tuner=SimpleNamespace(seconds=0.003, calls=30), step_stats=[])
+    rounds = [
+        {"wall": w, "tokens": 100, "accepted": 2.0, "sd_share": 1.0, "decisions": d}
+        for w, d in ((2.0, [(4, "3_1_4"), (1, "5_1_6")]), (1.0, [(4, None)]), (3.0, [(1, "3_1_4")]))
+    ]
+    summary = summarise(rounds, engine)
+    assert summary["wall_s"] == 2.0 and summary["tuner_us_per_step"] == 100.0
+    assert summary["decisions_last"] == [(1, "3_1_4")]
+    assert decision_table(summary["decisions"]) == {
+        "1-1": {"5_1_6": 0.5, "3_1_4": 0.5},
+        "4-7": {"3_1_4": 0.5, "plain": 0.5},
+    }
