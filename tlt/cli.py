@@ -53,7 +53,20 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     cfg = _config(args, args.overrides)
     model, tokenizer = load_hf_folder(args.model)
     problems = heldout_problems(task_mix(cfg.data), args.n or cfg.data.heldout_size, cfg.data.seed)
-    report = evaluate(model, tokenizer, problems, cfg.eval.max_new_tokens, cfg.eval.batch_size)
+    try:
+        report = evaluate(
+            model,
+            tokenizer,
+            problems,
+            cfg.eval.max_new_tokens,
+            cfg.eval.batch_size,
+            temperature=args.temperature,
+            samples=args.samples,
+            seed=args.seed,
+        )
+    except ValueError as err:
+        print(f"tlt evaluate: error: {err}", file=sys.stderr)
+        return 2
     print(f"[tlt] {args.model}: {report.summary()}")
     if args.report:
         atomic_write_json(args.report, report.to_dict())
@@ -223,10 +236,15 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.add_argument("--engine", choices=("vllm", "sglang"), default="vllm", help="whose EAGLE-1 layout (default vllm)")
     p.set_defaults(func=cmd_export_drafter)
 
-    p = sub.add_parser("evaluate", help="greedy held-out accuracy and response-length percentiles of a model")
+    p = sub.add_parser(
+        "evaluate", help="held-out accuracy (greedy, or avg@k when sampled) and response-length percentiles"
+    )
     p.add_argument("model", help="HF model folder (e.g. runs/bootstrap-tiny/model)")
     p.add_argument("--config", help="YAML config file; its data section defines the held-out set")
     p.add_argument("--n", type=int, help="number of held-out problems (default data.heldout_size)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampled")
+    p.add_argument("--samples", type=int, default=1, help="sampled responses per problem to average (needs T > 0)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     p.add_argument("--report", help="also write the report as JSON here")
     p.add_argument("overrides", nargs="*", help="key=value config overrides")
     p.set_defaults(func=cmd_evaluate)

@@ -1,4 +1,7 @@
-"""Quick batched greedy evaluation on held-out problems: accuracy and response-length percentiles."""
+"""Quick batched evaluation on held-out problems: accuracy and response-length percentiles.
+
+Greedy by default; at a temperature > 0 the accuracy is the mean over `samples` sampled responses per problem
+(avg@k), the measure that moves first when RL sharpens a policy's sampling distribution."""
 
 from __future__ import annotations
 
@@ -34,21 +37,33 @@ class EvalReport:
     truncated: float  # fraction of responses that hit max_new_tokens
     accuracy_by_family: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    temperature: float = 0.0  # 0: greedy
+    samples: int = 1  # responses per problem the accuracy is averaged over
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def summary(self) -> str:
         s = self.response_tokens
+        how = "greedy" if self.temperature == 0 else f"mean of {self.samples} samples at T={self.temperature:g}"
         return (
-            f"accuracy {self.accuracy:.1%} on {self.num_problems} problems; response tokens p50 {s.p50:.0f} "
+            f"accuracy {self.accuracy:.1%} ({how}) on {self.num_problems} problems; response tokens p50 {s.p50:.0f} "
             f"p90 {s.p90:.0f} p99 {s.p99:.0f} max {s.max} (p99/p50 {s.p99 / max(s.p50, 1):.1f}); "
             f"truncated {self.truncated:.1%}; {self.seconds:.0f} s"
         )
 
 
-def greedy_responses(model, tokenizer, prompts: list[str], max_new_tokens: int, batch_size: int) -> list[list[int]]:
-    """Greedy response token ids per prompt (EOS included when produced), with the native rollout engine.
+def generate_responses(
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int,
+    batch_size: int,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[list[int]]:
+    """Response token ids per prompt (EOS included when produced), with the native rollout engine: greedy at
+    temperature 0, else sampled with the engine's generator seeded by `seed`.
 
     The engine drops finished rows, so a batch with a long tail costs what its running rows cost.
     """
@@ -58,26 +73,45 @@ def greedy_responses(model, tokenizer, prompts: list[str], max_new_tokens: int, 
     ids = [tokenizer.encode(p) for p in prompts]
     limit = max(len(p) for p in ids) + max_new_tokens
     engine = NativeEngine(model, tokenizer.eos_token_id, max_seq_len=min(limit, model.config.max_position_embeddings))
-    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens)
     out: list[list[int]] = []
     for start in range(0, len(ids), batch_size):
+        params = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed + start)
         out += [r.token_ids.tolist() for r in engine.generate(ids[start : start + batch_size], params)]
     return out
 
 
-def evaluate(model, tokenizer, problems, max_new_tokens: int = 768, batch_size: int = 64) -> EvalReport:
-    """Greedy accuracy (math reward) and response lengths of `model` on `problems` (MathProblem records)."""
+def evaluate(
+    model,
+    tokenizer,
+    problems,
+    max_new_tokens: int = 768,
+    batch_size: int = 64,
+    temperature: float = 0.0,
+    samples: int = 1,
+    seed: int = 0,
+) -> EvalReport:
+    """Accuracy (math reward) and response lengths of `model` on `problems` (MathProblem records): greedy, or
+    at `temperature` > 0 the mean over `samples` sampled responses per problem (seeds seed, seed + 1, ...)."""
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+    if temperature == 0 and samples > 1:
+        raise ValueError(
+            "greedy decoding (temperature 0) gives the same response every time; samples > 1 needs a temperature > 0"
+        )
     start = time.perf_counter()
-    responses = greedy_responses(
-        model, tokenizer, [format_prompt(p.question) for p in problems], max_new_tokens, batch_size
-    )
-    scores = [
-        math_reward(tokenizer.decode(r, skip_special_tokens=True), p.answer)
-        for r, p in zip(responses, problems, strict=False)
-    ]
+    prompts = [format_prompt(p.question) for p in problems]
+    responses: list[list[int]] = []
+    scores: list[float] = []
     by_family: dict[str, list[float]] = {}
-    for p, s in zip(problems, scores, strict=True):
-        by_family.setdefault(p.family, []).append(s)
+    for k in range(samples):
+        batch = generate_responses(
+            model, tokenizer, prompts, max_new_tokens, batch_size, temperature, seed + k * len(prompts)
+        )
+        for r, p in zip(batch, problems, strict=True):
+            score = math_reward(tokenizer.decode(r, skip_special_tokens=True), p.answer)
+            scores.append(score)
+            by_family.setdefault(p.family, []).append(score)
+        responses += batch
     eos = tokenizer.eos_token_id
     return EvalReport(
         accuracy=sum(scores) / len(scores),
@@ -86,4 +120,6 @@ def evaluate(model, tokenizer, problems, max_new_tokens: int = 768, batch_size: 
         truncated=sum(1 for r in responses if not r or r[-1] != eos) / len(responses),
         accuracy_by_family={f: sum(v) / len(v) for f, v in sorted(by_family.items())},
         seconds=time.perf_counter() - start,
+        temperature=temperature,
+        samples=samples,
     )
