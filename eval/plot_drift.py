@@ -10,18 +10,15 @@ comparable; then:
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 from pathlib import Path
+
+from eval.train_runs import metric_column
 
 
 def accept_lengths(run_dir: str | Path) -> list[float]:
     """accept_length per step from a run's metrics.csv."""
-    path = Path(run_dir) / "metrics.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics.csv in {run_dir} (run `tlt train` there first)")
-    with path.open() as f:
-        return [float(row["accept_length"]) for row in csv.DictReader(f)]
+    return metric_column(run_dir, "accept_length")
 
 
 def plot(frozen: list[float], adaptive: list[float], out: Path) -> None:

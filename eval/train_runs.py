@@ -17,3 +17,15 @@ def train_metrics(config: str, out: Path, steps: int, overrides: list[str], warm
     subprocess.run(cmd, check=True)
     with open(Path(out) / "metrics.csv") as f:
         return list(csv.DictReader(f))[warmup:]
+
+
+def metric_column(run_dir: str | Path, name: str) -> list[float]:
+    """Column `name` of a run's metrics.csv, one float per step."""
+    path = Path(run_dir) / "metrics.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"no metrics.csv in {run_dir} (run `tlt train` there first)")
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    if rows and name not in rows[0]:
+        raise KeyError(f"{path} has no column {name!r}")
+    return [float(row[name]) for row in rows]
