@@ -63,7 +63,7 @@ def generate_responses(
     seed: int = 0,
 ) -> list[list[int]]:
     """Response token ids per prompt (EOS included when produced), with the native rollout engine: greedy at
-    temperature 0, else sampled with the engine's generator seeded by `seed`.
+    temperature 0, else sampled; the batch at offset i seeds the engine's generator with seed + i.
 
     The engine drops finished rows, so a batch with a long tail costs what its running rows cost.
     """
@@ -91,7 +91,8 @@ def evaluate(
     seed: int = 0,
 ) -> EvalReport:
     """Accuracy (math reward) and response lengths of `model` on `problems` (MathProblem records): greedy, or
-    at `temperature` > 0 the mean over `samples` sampled responses per problem (seeds seed, seed + 1, ...)."""
+    at `temperature` > 0 the mean over `samples` sampled responses per problem (round k's batch at offset
+    i is sampled with seed + k * len(problems) + i, so no two batches share a seed)."""
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
     if temperature == 0 and samples > 1:
