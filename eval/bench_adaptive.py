@@ -30,6 +30,7 @@ import torch
 
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
+from tlt.models.io import atomic_save_figure
 from tlt.schedulers.tuners import FixedTuner, OffTuner, build_tuner
 
 REFERENCE_BUCKETS = (1, 4, 20, 32)  # SD only at <= 32 running sequences, as the reference
@@ -147,10 +148,7 @@ def plot_decisions(decisions: list[tuple[int, str | None]], path: Path, title: s
     ax.set_title(title)
     ax.legend(markerscale=3, fontsize=8)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    atomic_save_figure(fig, path)
 
 
 def paired_ratio(results: dict[str, dict], slow: str, fast: str) -> float:

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 from tlt.backends.base import SamplingParams  # noqa: E402
 from tlt.backends.native import NativeEngine  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
-from tlt.models.io import atomic_write_json, atomic_write_text  # noqa: E402
+from tlt.models.io import atomic_save_figure, atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.schedulers.tuners.base import FixedTuner  # noqa: E402
 from tlt.training.rl_loop import decode_stats  # noqa: E402
 
@@ -163,10 +163,7 @@ def plot(rows: list[dict], out: Path) -> None:
     twin.set_ylim(0, 1)
     ax.legend(loc="lower left")
     fig.tight_layout()
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, out)
+    atomic_save_figure(fig, out)
 
 
 def main(argv=None) -> int:

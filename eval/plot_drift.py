@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from eval.train_runs import metric_column
+from tlt.models.io import atomic_save_figure
 
 
 def accept_lengths(run_dir: str | Path) -> list[float]:
@@ -34,10 +35,7 @@ def plot(frozen: list[float], adaptive: list[float], out: Path) -> None:
     ax.set_ylabel("tokens per verify (accept length)")
     ax.legend()
     fig.tight_layout()
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(out)
+    atomic_save_figure(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:

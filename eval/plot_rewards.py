@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from eval.train_runs import metric_column
+from tlt.models.io import atomic_save_figure
 
 
 def window_means(values: list[float], window: int) -> list[float]:
@@ -38,10 +39,7 @@ def plot(curves: dict[str, list[float]], window: int, out: Path) -> None:
     ax.set_ylabel(f"training reward (mean of the last {window} steps)")
     ax.legend()
     fig.tight_layout()
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(out)
+    atomic_save_figure(fig, out)
 
 
 def _label_and_dir(item: str) -> tuple[str, str]:

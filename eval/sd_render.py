@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
+
+from tlt.models.io import atomic_save_figure
 
 NOTES = [
     "Speedup = SD tokens/s over plain native tokens/s on the same prompts, batch size and temperature, "
@@ -187,13 +187,4 @@ def plot_speedup(payload: dict, path: str | Path) -> None:
         )
         ax.legend()
     fig.tight_layout()
-    _save_atomic(fig, Path(path))
-    plt.close(fig)
-
-
-def _save_atomic(fig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    fig.savefig(tmp, format="png", dpi=120)
-    os.replace(tmp, path)
+    atomic_save_figure(fig, path)

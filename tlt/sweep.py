@@ -29,9 +29,7 @@ import csv
 import io
 import itertools
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from tlt.config import ConfigError, RunConfig, load_config
-from tlt.models.io import atomic_write_text
+from tlt.models.io import atomic_save_figure, atomic_write_text
 
 SUMMARY_FIELDS = (
     "reward_last",
@@ -284,17 +282,7 @@ def plot_step_time(rows: list[dict], path: Path) -> None:
     ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
     ax.set(ylabel="seconds", title="mean RL step time per cell")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=100)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    atomic_save_figure(fig, path, dpi=100)
 
 
 def write_results(rows: list[dict], out: Path) -> None:

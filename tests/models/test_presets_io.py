@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tlt.models.io import load_hf_folder, save_hf_folder
+from tlt.models.io import atomic_save_figure, load_hf_folder, save_hf_folder
 from tlt.models.presets import PRESETS, build_model, count_parameters, preset_from_name
 from tlt.models.tokenizer import train_tokenizer
 
@@ -50,3 +50,22 @@ def test_load_missing_folder_is_clear(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_hf_folder(tmp_path / "empty")
+
+
+def test_atomic_save_figure_writes_a_png_or_keeps_the_old_file(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = tmp_path / "plots" / "fig.png"
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    atomic_save_figure(fig, path, dpi=50)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and not plt.fignum_exists(fig.number)
+    before = path.read_bytes()
+    broken, _ = plt.subplots()
+    broken.savefig = lambda *a, **k: (_ for _ in ()).throw(OSError("disk full"))
+    with pytest.raises(OSError, match="disk full"):
+        atomic_save_figure(broken, path)
+    assert path.read_bytes() == before and sorted(p.name for p in path.parent.iterdir()) == ["fig.png"]

@@ -27,6 +27,24 @@ def atomic_write_json(path: str | Path, payload: object) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
+def atomic_save_figure(fig, path: str | Path, dpi: int = 120) -> None:
+    """Save a matplotlib figure as PNG so readers see the old or the new image, never a partial one; closes it."""
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp.png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=dpi)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 def save_hf_folder(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase | None, path: str | Path) -> Path:
     """Write model (+ tokenizer) to `path` via a temporary sibling folder and a rename (never half-written)."""
     path = Path(path)

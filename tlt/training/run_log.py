@@ -7,7 +7,7 @@ import io
 from dataclasses import fields
 from pathlib import Path
 
-from tlt.models.io import atomic_write_text
+from tlt.models.io import atomic_save_figure, atomic_write_text
 from tlt.training.rl_loop import StepMetrics
 
 COLUMNS = [f.name for f in fields(StepMetrics)]
@@ -88,7 +88,4 @@ def plot_summary(metrics: list[dict], path: Path) -> None:
     for ax in (time_ax, reward_ax, accept_ax):
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    tmp.replace(path)
+    atomic_save_figure(fig, path, dpi=100)
