@@ -200,6 +200,7 @@ class DrafterConfig:
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
     lr: float = 1e-3
     batch_tokens: int = 4096  # real tokens sampled per drafter micro-step (a longer sample goes alone)
+    preempt_tokens: int = 1024  # spot: a micro-step runs in chunks of about this many tokens, preemptible between
     max_epochs_per_step: float = 2.0  # micro-steps per RL step at most this many passes over the buffer's tokens
     online_warmup_steps: int = 20  # online training: linear learning-rate warm-up over this many micro-steps
     packing: bool = True  # pack samples into rows, per-document attention (False: pad each to the longest)
@@ -237,6 +238,7 @@ class DrafterConfig:
             raise ConfigError(f"drafter.eval_strategy: {err}") from None
         _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
         _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
+        _check(self.preempt_tokens >= 16, "drafter.preempt_tokens", "an integer >= 16", self.preempt_tokens)
         _check(self.max_epochs_per_step > 0, "drafter.max_epochs_per_step", "a float > 0", self.max_epochs_per_step)
         _check(
             self.online_warmup_steps >= 0, "drafter.online_warmup_steps", "an integer >= 0", self.online_warmup_steps

@@ -66,14 +66,14 @@ class RecordingStepper(DrafterStepper):
         self.store, self.fail_at, self.calls = store, fail_at, 0
         self.last = flat(head)
 
-    def step(self) -> float:
+    def step(self, stop=None) -> float:
         self.calls += 1
         if self.calls == self.fail_at:
             with torch.no_grad():
                 next(self.head.parameters()).add_(1.0)  # a half-done update the fallback must undo
             self.store.set("test/failed", "1")
             raise RuntimeError("injected drafter failure")
-        loss = super().step()
+        loss = super().step(stop)
         self.last = flat(self.head)
         return loss
 

@@ -48,6 +48,16 @@ def test_pack_layout_positions_documents_and_padding():
     assert pack(samples).tokens.shape == (2, 5)  # default row length: the longest sample
 
 
+def test_row_chunks_cover_every_row_each_cut_to_its_longest():
+    samples = [_toy([1, 2, 3], 1, 0), _toy([4, 5, 6, 7, 8], 2, 100), _toy([9, 10], 0, 200)]
+    padded = pad(samples)  # rows of 3, 5, 2 real tokens, L = 5
+    chunks = padded.row_chunks(10)  # 2 rows per chunk
+    assert [c.tokens.tolist() for c in chunks] == [[[1, 2, 3, 0, 0], [4, 5, 6, 7, 8]], [[9, 10]]]
+    assert chunks[1].document_ids.tolist() == [[2, 2]]
+    assert sum(c.num_loss_tokens for c in chunks) == padded.num_loss_tokens
+    assert len(padded.row_chunks(1)) == 3  # at least one row per chunk
+
+
 def test_pairs_never_cross_a_document_boundary():
     a, b = _toy([1, 2, 3], 1, 0), _toy([9, 10, 11], 0, 200)
     p = pack([a, b], max_tokens=6).pairs()  # one row: 1 2 3 | 9 10 11

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tests.training import spot_workers
+from tlt.training.drafter_module import BufferBatches
 from tlt.training.launch import launch_cpu
 
 
@@ -101,3 +102,30 @@ def test_online_learning_rate_warms_up_with_the_optimizers_own_steps():
     assert resumed.learning_rate() == pytest.approx(1e-3)
     stepper.reset()  # a fresh optimizer warms up again
     assert stepper.learning_rate() == pytest.approx(2.5e-4)
+
+
+def _stepper(preempt_tokens: int):
+    """A fresh head and a fresh copy of rank 0's buffer: every call draws the same first batch (4 packed rows
+    of 20 tokens)."""
+    cfg = spot_workers.DrafterConfig(lr=1e-2, batch_tokens=64, preempt_tokens=preempt_tokens)
+    return spot_workers.DrafterStepper(spot_workers.build_head(), spot_workers.build_buffer(0), cfg)
+
+
+def test_a_chunked_micro_step_equals_the_whole_batch_step():
+    whole, chunked = _stepper(4096), _stepper(20)  # 1 chunk vs 4 chunks of one row
+    assert whole.step() == pytest.approx(chunked.step(stop=lambda: False), rel=1e-5)
+    after = [spot_workers.flat(s.head) for s in (whole, chunked)]
+    assert not torch.equal(after[0], spot_workers.flat(spot_workers.build_head()))  # it did train
+    torch.testing.assert_close(after[0], after[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_preempted_micro_step_steps_on_the_chunks_done():
+    preempted = _stepper(20)
+    asked = []
+    loss = preempted.step(stop=lambda: asked.append(1) or True)  # stop after the first chunk
+    assert asked == [1]
+    first = next(iter(BufferBatches(spot_workers.build_buffer(0), 64, packing=True))).row_chunks(20)[0]
+    reference = _stepper(4096)
+    reference.batches = iter([first])  # one whole step on that chunk alone
+    assert loss == pytest.approx(reference.step(), rel=1e-5)
+    torch.testing.assert_close(spot_workers.flat(preempted.head), spot_workers.flat(reference.head))

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import torch
@@ -146,8 +146,8 @@ class _LossRecorder:
     def head(self):
         return self.stepper.head
 
-    def step(self) -> float:
-        loss = self.stepper.step()
+    def step(self, stop: Callable[[], bool] | None = None) -> float:
+        loss = self.stepper.step(stop)
         self.losses.append(loss)
         return loss
 

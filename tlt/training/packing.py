@@ -54,6 +54,18 @@ class PackedBatch:
     def to(self, device: torch.device | str) -> PackedBatch:
         return PackedBatch(**{name: t.to(device, non_blocking=True) for name, t in vars(self).items()})
 
+    def row_chunks(self, max_tokens: int) -> list[PackedBatch]:
+        """The rows in consecutive groups of at most max_tokens padded tokens (at least one row per group),
+        each group cut to its longest row. Rows are independent (attention and pairs stay within a row), so
+        per-token losses summed over the groups are those of the whole batch."""
+        B, L = self.tokens.shape
+        per = max(1, max_tokens // max(L, 1))
+        return [self._rows(slice(i, i + per)) for i in range(0, B, per)]
+
+    def _rows(self, index: slice) -> PackedBatch:
+        used = max(1, int((self.document_ids[index] != PAD_DOCUMENT).sum(1).max()))  # rows fill from position 0
+        return PackedBatch(**{name: t[index, :used] for name, t in vars(self).items()})
+
     @property
     def num_loss_tokens(self) -> int:
         """Pairs that carry loss (response tokens with a known target in the same document)."""

@@ -1,0 +1,159 @@
+"""TLT vs baseline over several seeds: the per-seed comparisons of `tlt train ... train.compare_baseline=true`
+runs in one table, with medians across seeds.
+
+  python -m eval.speedup_seeds runs/rl-speedup-small-s0 runs/rl-speedup-small-s1 runs/rl-speedup-small-s2 \
+      --out eval/results/rl_speedup_small_seeds.md
+
+Each run folder holds the speedup.json that `tlt train` writes (tlt.training.compare) and both runs' per-step
+metrics (checkpoint/metrics.json, baseline/checkpoint/metrics.json). Besides the per-seed step and rollout ratios,
+the rollout share r and the Amdahl bound, the table gives the rollout throughput ratio (response tokens per
+rollout second, TLT over baseline, over the measured steps): at temperature > 0 the two runs sample different
+responses, and a step's rollout time follows its longest one, so the time ratio moves with the lengths drawn
+while the throughput ratio moves less. The report also says what step speedup a rollout speedup s allows at all:
+the bound tends to s as r -> 1, so a step goal of G needs s >= G whatever r is, and r >= (1 - 1/G) / (1 - 1/s)
+when s > G.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from tlt.models.io import atomic_write_text
+
+COLUMNS = (
+    "run",
+    "seed",
+    "step ratio",
+    "rollout ratio s",
+    "r",
+    "Amdahl bound",
+    "of bound",
+    "step s TLT / base",
+    "rollout s TLT / base",
+    "rollout tok/s ratio",
+    "train s TLT / base",
+    "accept length",
+    "reward TLT / base",
+    "held-out TLT / base",
+)
+
+
+def load_comparison(run_dir: str | Path) -> dict:
+    """A run's speedup.json, with its seed (from the run's config.yaml) added."""
+    run_dir = Path(run_dir)
+    path = run_dir / "speedup.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no speedup.json in {run_dir} (run `tlt train CONFIG train.compare_baseline=true`)")
+    comparison = json.loads(path.read_text())
+    comparison["run"] = str(run_dir)
+    comparison["seed"] = _seed(run_dir / "config.yaml")
+    steps = comparison["measured_steps"]
+    tlt, base = (rollout_throughput(d / "checkpoint" / "metrics.json", steps) for d in (run_dir, run_dir / "baseline"))
+    comparison["throughput_ratio"] = tlt / base if tlt and base else None
+    return comparison
+
+
+def rollout_throughput(metrics_path: Path, steps: int) -> float | None:
+    """Response tokens per rollout second over a run's last `steps` steps (None: no metrics file)."""
+    if not metrics_path.is_file():
+        return None
+    history = json.loads(metrics_path.read_text())[-steps:]
+    tokens = sum(m["response_len_mean"] * m["num_samples"] for m in history)
+    return tokens / sum(m["rollout_seconds"] for m in history)
+
+
+def _seed(config_path: Path) -> int | None:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(config_path).get("seed") if config_path.is_file() else None
+
+
+def required_share(goal: float, rollout_speedup: float) -> float | None:
+    """The rollout share r at which the Amdahl bound reaches `goal` (None: not reachable with this s)."""
+    if rollout_speedup <= goal:
+        return None
+    return (1 - 1 / goal) / (1 - 1 / rollout_speedup)
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def row(c: dict) -> list[str]:
+    tlt, base = c["tlt"], c["baseline"]
+    return [
+        c["run"],
+        str(c["seed"]),
+        f"{c['speedup']:.2f}x",
+        f"{c['rollout_speedup']:.2f}x",
+        f"{c['rollout_share']:.0%}",
+        f"{c['amdahl_bound']:.2f}x",
+        f"{c['speedup'] / c['amdahl_bound']:.2f}",
+        f"{tlt['step']:.2f} / {base['step']:.2f}",
+        f"{tlt['rollout']:.2f} / {base['rollout']:.2f}",
+        "n/a" if c["throughput_ratio"] is None else f"{c['throughput_ratio']:.2f}x",
+        f"{tlt['train']:.2f} / {base['train']:.2f}",
+        f"{tlt['accept_length']:.2f}",
+        f"{tlt['reward_mean']:.3f} / {base['reward_mean']:.3f}",
+        f"{_pct(tlt['heldout_accuracy'])} / {_pct(base['heldout_accuracy'])}",
+    ]
+
+
+def report(comparisons: list[dict], goal: float) -> str:
+    med = {k: statistics.median(c[k] for c in comparisons) for k in ("speedup", "rollout_speedup", "rollout_share")}
+    bound = 1 / ((1 - med["rollout_share"]) + med["rollout_share"] / med["rollout_speedup"])
+    needed = required_share(goal, med["rollout_speedup"])
+    throughputs = [c["throughput_ratio"] for c in comparisons if c["throughput_ratio"] is not None]
+    throughput = f"{statistics.median(throughputs):.2f}x" if throughputs else "n/a"
+    lines = [
+        f"# TLT vs baseline over {len(comparisons)} seeds",
+        "",
+        "Each row is one `tlt train` run with `train.compare_baseline=true` (TLT, then the same run with TLT off); "
+        "times are that run's medians over its steps after warm-up.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|",
+        *("| " + " | ".join(row(c)) + " |" for c in comparisons),
+        "",
+        f"- medians over seeds: step ratio **{med['speedup']:.2f}x**, rollout ratio s = {med['rollout_speedup']:.2f}x, "
+        f"rollout share r = {med['rollout_share']:.0%}; Amdahl bound at these medians {bound:.2f}x; rollout "
+        f"throughput ratio {throughput}",
+        f"- range over seeds: step {min(c['speedup'] for c in comparisons):.2f}-"
+        f"{max(c['speedup'] for c in comparisons):.2f}x, rollout "
+        f"{min(c['rollout_speedup'] for c in comparisons):.2f}-{max(c['rollout_speedup'] for c in comparisons):.2f}x",
+        f"- a {goal:.2f}x step goal "
+        + (
+            f"needs r >= {needed:.0%} at s = {med['rollout_speedup']:.2f}x"
+            if needed is not None
+            else f"is out of reach at s = {med['rollout_speedup']:.2f}x for any r (the bound tends to s as r -> 1)"
+        ),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="`tlt train` output folders holding speedup.json")
+    p.add_argument("--goal", type=float, default=1.8, help="step-speedup goal to size r against (default 1.8)")
+    p.add_argument("--out", help="also write the report here (markdown)")
+    args = p.parse_args(argv)
+    if args.goal <= 1:
+        p.error(f"--goal must be > 1, got {args.goal}")
+    try:
+        comparisons = [load_comparison(run) for run in args.runs]
+    except FileNotFoundError as err:
+        print(f"speedup_seeds: error: {err}", file=sys.stderr)
+        return 2
+    text = report(comparisons, args.goal)
+    print(text, end="")
+    if args.out:
+        atomic_write_text(Path(args.out), text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+import json
+
+import pytest
+
+from eval.speedup_seeds import main, required_share
+from tlt.training.compare import Comparison, RunTimes
+
+
+def _metrics(folder, rollout_seconds, tokens):
+    """checkpoint/metrics.json of one run: a warm-up step, then one measured step per rollout time."""
+    (folder / "checkpoint").mkdir(parents=True)
+    steps = [(99.0, 1)] + [(s, tokens) for s in rollout_seconds]
+    rows = [{"rollout_seconds": s, "response_len_mean": n / 4, "num_samples": 4} for s, n in steps]
+    (folder / "checkpoint" / "metrics.json").write_text(json.dumps(rows))
+
+
+def _run(folder, seed, tlt_rollout, base_rollout, train=1.0):
+    """A run folder as `tlt train ... train.compare_baseline=true` leaves it: config.yaml, speedup.json and both
+    runs' metrics (11 measured steps, 100 response tokens each)."""
+    folder.mkdir()
+    (folder / "config.yaml").write_text(f"seed: {seed}\n")
+    _metrics(folder, [tlt_rollout] * 11, 100)
+    _metrics(folder / "baseline", [base_rollout] * 10 + [2 * base_rollout], 100)
+    comparison = Comparison(
+        measured_steps=11,
+        tlt=RunTimes(tlt_rollout + train, tlt_rollout, train, 0.0, 0.3, 3.5, 0.25),
+        baseline=RunTimes(base_rollout + train, base_rollout, train, 0.0, 0.3, 0.0, 0.25),
+        base_heldout_accuracy=0.25,
+    )
+    (folder / "speedup.json").write_text(json.dumps(comparison.to_dict()))
+    return folder
+
+
+@pytest.mark.parametrize("goal, s", [(1.8, 3.0), (1.5, 2.0), (1.2, 10.0)])
+def test_required_share_reaches_the_goal(goal, s):
+    r = required_share(goal, s)
+    assert 1 / ((1 - r) + r / s) == pytest.approx(goal)
+
+
+def test_required_share_none_when_the_rollout_speedup_is_too_small():
+    assert required_share(1.8, 1.8) is None
+    assert required_share(1.8, 1.5) is None
+
+
+def test_table_and_medians_over_seeds(tmp_path, capsys):
+    runs = [
+        _run(tmp_path / "s0", 0, tlt_rollout=1.0, base_rollout=3.0),  # s = 3, r = 3/4
+        _run(tmp_path / "s1", 1, tlt_rollout=1.5, base_rollout=3.0),  # s = 2
+        _run(tmp_path / "s2", 2, tlt_rollout=3.0, base_rollout=3.0),  # s = 1
+    ]
+    out = tmp_path / "seeds.md"
+    assert main([str(r) for r in runs] + ["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert out.read_text() == text
+    assert f"| {runs[0]} | 0 | 2.00x | 3.00x | 75% | 2.00x | 1.00 |" in text
+    assert "| 1.00 / 3.00 | 3.27x |" in text  # tokens per second: 1100 / 11 s against 1100 / 36 s
+    assert f"| {runs[2]} | 2 | 1.00x | 1.00x | 75% | 1.00x | 1.00 |" in text
+    assert "step ratio **1.60x**, rollout ratio s = 2.00x, rollout share r = 75%" in text
+    assert "rollout throughput ratio 2.18x" in text  # 36 / 16.5
+    assert "range over seeds: step 1.00-2.00x, rollout 1.00-3.00x" in text
+    assert "out of reach at s = 2.00x" not in text and "needs r >= 89%" in text  # (1 - 1/1.8) / (1 - 1/2)
+
+
+def test_goal_out_of_reach_is_said_and_missing_metrics_are_na(tmp_path, capsys):
+    run = _run(tmp_path / "s0", 0, tlt_rollout=2.0, base_rollout=3.0)
+    (run / "baseline" / "checkpoint" / "metrics.json").unlink()
+    assert main([str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "is out of reach at s = 1.50x for any r" in text
+    assert "| 2.00 / 3.00 | n/a |" in text and "rollout throughput ratio n/a" in text
+
+
+def test_missing_comparison_is_a_clear_error(tmp_path, capsys):
+    assert main([str(tmp_path)]) == 2
+    assert "no speedup.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(tmp_path), "--goal", "1"])
