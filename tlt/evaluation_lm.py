@@ -155,10 +155,11 @@ class TltGenerator:
     totals: DecodeTotals = field(init=False, default_factory=DecodeTotals)
 
     def __post_init__(self) -> None:
+        from tlt.drafters import drafter_from_spec
         from tlt.models.io import load_hf_folder
 
         self.model, self.tokenizer = load_hf_folder(self.args.pretrained)
-        self.drafter = None if self.args.sd == "off" else _load_drafter(self.args.drafter)
+        self.drafter = None if self.args.sd == "off" else drafter_from_spec(self.args.drafter)
 
     def generate(self, prompts: Sequence[str], settings: GenerationSettings) -> list[GenerationRecord]:
         """Records (task and doc_id unset) for `prompts`, decoded `batch_size` at a time with `settings`."""
@@ -194,16 +195,6 @@ class TltGenerator:
                 text = cut_at_stop(self.tokenizer.decode(tokens, skip_special_tokens=True), settings.until)
                 records.append(GenerationRecord(None, None, tokens, text, rollout.finish_reason.value))
         return records
-
-
-def _load_drafter(spec: str):
-    if spec == "ngram":
-        from tlt.drafters.ngram import NgramDrafter
-
-        return NgramDrafter()
-    from tlt.drafters import load_drafter
-
-    return load_drafter(spec)
 
 
 def require_lm_eval() -> None:

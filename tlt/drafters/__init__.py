@@ -51,6 +51,15 @@ def load_drafter(path: str | Path):
     return drafter_class(kind).load(path)
 
 
+def drafter_from_spec(spec: str):
+    """'ngram' (model-free prompt lookup) or a saved drafter folder of any kind."""
+    if spec == "ngram":
+        from tlt.drafters.ngram import NgramDrafter
+
+        return NgramDrafter()
+    return load_drafter(spec)
+
+
 def save_folder(path: str | Path, fill: Callable[[Path], None], meta: dict) -> Path:
     """Write a drafter folder atomically: `fill(tmp)` plus `tlt_drafter.json` in a temporary sibling, then a
     rename over `path` (readers see the old folder or the new one, never a half-written one)."""
