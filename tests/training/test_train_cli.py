@@ -155,7 +155,11 @@ def test_missing_tensorboard_is_reported_once(tmp_path, monkeypatch, capsys):
     [
         (["grpo.nope=1"], ["unknown config key 'grpo.nope'"]),
         (["train.checkpoint_every=0"], ["train.checkpoint_every: got 0"]),
-        (["model.path=/nonexistent/model"], ["model.path: /nonexistent/model not found", "tlt bootstrap"]),
+        (
+            ["model.path=/nonexistent/model"],
+            ["model.path: /nonexistent/model not found", "tlt bootstrap --preset test --output-dir /nonexistent`"],
+        ),
+        (["model.path=/nonexistent/policy"], ["model.path: /nonexistent/policy not found", "--config configs/"]),
         (["model.path=null"], ["model.path: not set", "tlt bootstrap"]),
         (["drafter.path=/nonexistent/drafter"], ["drafter.path: /nonexistent/drafter not found", "tlt train-drafter"]),
     ],

@@ -300,9 +300,15 @@ def _check_model_path(cfg: RunConfig) -> None:
             "configs/quickstart.yaml`, then pass model.path=runs/quickstart/model"
         )
     if not Path(path).is_dir():
+        folder = Path(path)
+        make = (
+            f"`tlt bootstrap --preset {cfg.model.preset} --output-dir {folder.parent}` writes {path}, or add "
+            "train.bootstrap_if_missing=true"
+            if folder.name == "model"
+            else "`tlt bootstrap --config configs/quickstart.yaml` writes runs/quickstart/model"
+        )
         raise FileNotFoundError(
-            f"model.path: {path} not found; bootstrap a base policy first (`tlt bootstrap --config "
-            "configs/quickstart.yaml` writes runs/quickstart/model) or point model.path at an HF folder"
+            f"model.path: {path} not found; bootstrap a base policy first ({make}) or point model.path at an HF folder"
         )
 
 
