@@ -4,8 +4,9 @@ runs in one table, with medians across seeds.
   python -m eval.speedup_seeds runs/rl-speedup-small-s0 runs/rl-speedup-small-s1 runs/rl-speedup-small-s2 \
       --out eval/results/rl_speedup_small_seeds.md
 
-Each run folder holds the speedup.json that `tlt train` writes (tlt.training.compare) and both runs' per-step
-metrics (checkpoint/metrics.json, baseline/checkpoint/metrics.json). Besides the per-seed step and rollout ratios,
+Each run folder holds the speedup.json that `tlt train` writes (tlt.training.compare); for a speedup.json
+written before tlt reported the throughput ratio, it comes from both runs' per-step metrics
+(checkpoint/metrics.json, baseline/checkpoint/metrics.json). Besides the per-seed step and rollout ratios,
 the rollout share r and the Amdahl bound, the table gives the rollout throughput ratio (response tokens per
 rollout second, TLT over baseline, over the measured steps): at temperature > 0 the two runs sample different
 responses, and a step's rollout time follows its longest one, so the time ratio moves with the lengths drawn
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 
 from tlt.models.io import atomic_write_text
+from tlt.training.compare import rollout_throughput
 
 COLUMNS = (
     "run",
@@ -51,19 +53,18 @@ def load_comparison(run_dir: str | Path) -> dict:
     comparison = json.loads(path.read_text())
     comparison["run"] = str(run_dir)
     comparison["seed"] = _seed(run_dir / "config.yaml")
-    steps = comparison["measured_steps"]
-    tlt, base = (rollout_throughput(d / "checkpoint" / "metrics.json", steps) for d in (run_dir, run_dir / "baseline"))
-    comparison["throughput_ratio"] = tlt / base if tlt and base else None
+    if comparison.get("throughput_ratio") is None:  # written before tlt reported it: from the runs' metrics
+        steps = comparison["measured_steps"]
+        tlt, base = (_throughput(d / "checkpoint" / "metrics.json", steps) for d in (run_dir, run_dir / "baseline"))
+        comparison["throughput_ratio"] = tlt / base if tlt and base else None
     return comparison
 
 
-def rollout_throughput(metrics_path: Path, steps: int) -> float | None:
-    """Response tokens per rollout second over a run's last `steps` steps (None: no metrics file)."""
+def _throughput(metrics_path: Path, steps: int) -> float | None:
+    """Rollout tokens per second over a run's last `steps` steps (None: no metrics file)."""
     if not metrics_path.is_file():
         return None
-    history = json.loads(metrics_path.read_text())[-steps:]
-    tokens = sum(m["response_len_mean"] * m["num_samples"] for m in history)
-    return tokens / sum(m["rollout_seconds"] for m in history)
+    return rollout_throughput(json.loads(metrics_path.read_text())[-steps:])
 
 
 def _seed(config_path: Path) -> int | None:

@@ -70,6 +70,16 @@ def test_goal_out_of_reach_is_said_and_missing_metrics_are_na(tmp_path, capsys):
     assert "| 2.00 / 3.00 | n/a |" in text and "rollout throughput ratio n/a" in text
 
 
+def test_the_throughput_ratio_of_speedup_json_is_used_when_present(tmp_path, capsys):
+    run = _run(tmp_path / "s0", 0, tlt_rollout=2.0, base_rollout=3.0)
+    comparison = json.loads((run / "speedup.json").read_text())
+    comparison["throughput_ratio"] = 1.25  # what tlt train writes now
+    (run / "speedup.json").write_text(json.dumps(comparison))
+    (run / "checkpoint" / "metrics.json").unlink()
+    assert main([str(run)]) == 0
+    assert "| 2.00 / 3.00 | 1.25x |" in capsys.readouterr().out
+
+
 def test_missing_comparison_is_a_clear_error(tmp_path, capsys):
     assert main([str(tmp_path)]) == 2
     assert "no speedup.json" in capsys.readouterr().err

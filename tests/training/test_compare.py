@@ -17,6 +17,8 @@ from .test_train_cli import config  # noqa: F401  (the module fixture: a saved r
 
 def _step(rollout: float, train: float, drafter: float = 0.0, reward: float = 0.5, accept: float = 0.0) -> dict:
     return {
+        "num_samples": 4,
+        "response_len_mean": 10.0,  # 40 response tokens per step
         "rollout_seconds": rollout,
         "train_seconds": train,
         "drafter_seconds": drafter,
@@ -31,6 +33,7 @@ def test_run_times_are_medians_after_warm_up():
     times = RunTimes.of(history, warmup=1)
     assert (times.rollout, times.train, times.step) == (4.0, 1.0, 6.0)  # the 100 s warm-up step is left out
     assert times.accept_length == 3.0 and times.reward_mean == 0.5
+    assert times.rollout_tokens_per_second == 120 / 12  # 3 measured steps of 40 tokens in 3 + 5 + 4 s
     assert RunTimes.of(history[:1], warmup=1).step == 200.0  # too short a run: all its steps
 
 
@@ -42,6 +45,13 @@ def test_comparison_ratios_and_amdahl_bound_by_hand():
     assert math.isclose(result.amdahl_bound, 1 / (0.2 + 0.8 / 4))  # 2.5x
     assert "2.00x" in result.summary() and "| 0.400 | 0.400 |" in result.markdown()
     assert json.loads(json.dumps(result.to_dict()))["amdahl_bound"] == pytest.approx(2.5)
+    assert result.throughput_ratio is None and "throughput (response tokens per rollout second) ratio n/a" in (
+        result.markdown()
+    )
+    faster = dataclasses.replace(result, tlt=dataclasses.replace(tlt, rollout_tokens_per_second=300.0))
+    faster.baseline = dataclasses.replace(baseline, rollout_tokens_per_second=100.0)
+    assert faster.throughput_ratio == 3.0 and "ratio 3.00x" in faster.markdown()
+    assert faster.to_dict()["throughput_ratio"] == 3.0
 
 
 def test_a_step_ratio_above_its_amdahl_bound_is_flagged():

@@ -33,6 +33,7 @@ class RunTimes:
     reward_mean: float  # over all steps
     accept_length: float  # mean over steps that ran SD (0: none)
     heldout_accuracy: float | None = None  # greedy, final policy
+    rollout_tokens_per_second: float = 0.0  # response tokens over rollout seconds, summed over measured steps
 
     @staticmethod
     def of(history: list[dict], warmup: int) -> RunTimes:
@@ -49,6 +50,7 @@ class RunTimes:
             drafter=median("drafter_seconds"),
             reward_mean=statistics.fmean(m["reward_mean"] for m in history),
             accept_length=statistics.fmean(sd) if sd else 0.0,
+            rollout_tokens_per_second=rollout_throughput(measured),
         )
 
 
@@ -67,6 +69,13 @@ class Comparison:
     @property
     def rollout_speedup(self) -> float:
         return self.baseline.rollout / self.tlt.rollout
+
+    @property
+    def throughput_ratio(self) -> float | None:
+        """TLT's rollout tokens per second over the baseline's. At temperature > 0 the runs sample different
+        responses and a step's rollout time follows its longest one, so this moves less than the time ratio."""
+        tlt, base = self.tlt.rollout_tokens_per_second, self.baseline.rollout_tokens_per_second
+        return tlt / base if tlt > 0 and base > 0 else None
 
     @property
     def rollout_share(self) -> float:
@@ -97,7 +106,7 @@ class Comparison:
         )
 
     def to_dict(self) -> dict:
-        derived = ("speedup", "rollout_speedup", "rollout_share", "amdahl_bound", "caveat")
+        derived = ("speedup", "rollout_speedup", "throughput_ratio", "rollout_share", "amdahl_bound", "caveat")
         return asdict(self) | {name: getattr(self, name) for name in derived}
 
     def summary(self) -> str:
@@ -130,13 +139,21 @@ class Comparison:
             f"| held-out accuracy (greedy, final policy) | {_pct(self.tlt.heldout_accuracy)} "
             f"| {_pct(self.baseline.heldout_accuracy)} |",
             "",
-            f"- step speedup **{self.speedup:.2f}x**; rollout speedup s = {self.rollout_speedup:.2f}x",
+            f"- step speedup **{self.speedup:.2f}x**; rollout speedup s = {self.rollout_speedup:.2f}x; rollout "
+            f"throughput (response tokens per rollout second) ratio {_ratio(self.throughput_ratio)}",
             f"- baseline rollout share r = {self.rollout_share:.1%}; Amdahl bound 1 / ((1 - r) + r / s) = "
             f"{self.amdahl_bound:.2f}x; measured / bound = {self.of_bound:.2f}",
             f"- held-out accuracy of the starting policy: {_pct(self.base_heldout_accuracy)}",
             *([f"- note: {self.caveat}"] if self.caveat else []),
         ]
         return "\n".join(lines) + "\n"
+
+
+def rollout_throughput(steps: list[dict]) -> float:
+    """Response tokens per rollout second over `steps` (per-step metrics; 0 without rollout time)."""
+    seconds = sum(m["rollout_seconds"] for m in steps)
+    tokens = sum(m["response_len_mean"] * m["num_samples"] for m in steps)
+    return tokens / seconds if seconds > 0 else 0.0
 
 
 def measured_steps(history: list[dict], warmup: int) -> list[dict]:
@@ -146,6 +163,10 @@ def measured_steps(history: list[dict], warmup: int) -> list[dict]:
 
 def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
 
 
 def baseline_config(cfg: RunConfig) -> RunConfig:
