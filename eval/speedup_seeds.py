@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from tlt.models.io import atomic_write_text
-from tlt.training.compare import rollout_throughput
+from tlt.training.compare import amdahl_bound, format_percent, format_ratio, rollout_throughput
 
 COLUMNS = (
     "run",
@@ -80,10 +80,6 @@ def required_share(goal: float, rollout_speedup: float) -> float | None:
     return (1 - 1 / goal) / (1 - 1 / rollout_speedup)
 
 
-def _pct(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1%}"
-
-
 def row(c: dict) -> list[str]:
     tlt, base = c["tlt"], c["baseline"]
     return [
@@ -96,20 +92,20 @@ def row(c: dict) -> list[str]:
         f"{c['speedup'] / c['amdahl_bound']:.2f}",
         f"{tlt['step']:.2f} / {base['step']:.2f}",
         f"{tlt['rollout']:.2f} / {base['rollout']:.2f}",
-        "n/a" if c["throughput_ratio"] is None else f"{c['throughput_ratio']:.2f}x",
+        format_ratio(c["throughput_ratio"]),
         f"{tlt['train']:.2f} / {base['train']:.2f}",
         f"{tlt['accept_length']:.2f}",
         f"{tlt['reward_mean']:.3f} / {base['reward_mean']:.3f}",
-        f"{_pct(tlt['heldout_accuracy'])} / {_pct(base['heldout_accuracy'])}",
+        f"{format_percent(tlt['heldout_accuracy'])} / {format_percent(base['heldout_accuracy'])}",
     ]
 
 
 def report(comparisons: list[dict], goal: float) -> str:
     med = {k: statistics.median(c[k] for c in comparisons) for k in ("speedup", "rollout_speedup", "rollout_share")}
-    bound = 1 / ((1 - med["rollout_share"]) + med["rollout_share"] / med["rollout_speedup"])
+    bound = amdahl_bound(med["rollout_share"], med["rollout_speedup"])
     needed = required_share(goal, med["rollout_speedup"])
     throughputs = [c["throughput_ratio"] for c in comparisons if c["throughput_ratio"] is not None]
-    throughput = f"{statistics.median(throughputs):.2f}x" if throughputs else "n/a"
+    throughput = format_ratio(statistics.median(throughputs) if throughputs else None)
     lines = [
         f"# TLT vs baseline over {len(comparisons)} seeds",
         "",

@@ -84,8 +84,7 @@ class Comparison:
 
     @property
     def amdahl_bound(self) -> float:
-        r, s = self.rollout_share, self.rollout_speedup
-        return 1 / ((1 - r) + r / s)
+        return amdahl_bound(self.rollout_share, self.rollout_speedup)
 
     @property
     def of_bound(self) -> float:
@@ -110,12 +109,13 @@ class Comparison:
         return asdict(self) | {name: getattr(self, name) for name in derived}
 
     def summary(self) -> str:
+        note = f"\nnote: {self.caveat}" if self.caveat else ""
         return (
             f"TLT step {self.tlt.step:.2f}s vs baseline {self.baseline.step:.2f}s: {self.speedup:.2f}x "
             f"(rollout {self.rollout_speedup:.2f}x, rollout share r={self.rollout_share:.0%}, Amdahl bound "
             f"{self.amdahl_bound:.2f}x, {self.of_bound:.0%} of it); held-out accuracy base "
-            f"{_pct(self.base_heldout_accuracy)} -> TLT {_pct(self.tlt.heldout_accuracy)}, baseline "
-            f"{_pct(self.baseline.heldout_accuracy)}" + (f"\nnote: {self.caveat}" if self.caveat else "")
+            f"{format_percent(self.base_heldout_accuracy)} -> TLT {format_percent(self.tlt.heldout_accuracy)}, "
+            f"baseline {format_percent(self.baseline.heldout_accuracy)}{note}"
         )
 
     def markdown(self) -> str:
@@ -136,14 +136,14 @@ class Comparison:
             "| | TLT | baseline |",
             "|---|---:|---:|",
             *(f"| {name} | {a:.3f} | {b:.3f} |" for name, a, b in rows),
-            f"| held-out accuracy (greedy, final policy) | {_pct(self.tlt.heldout_accuracy)} "
-            f"| {_pct(self.baseline.heldout_accuracy)} |",
+            f"| held-out accuracy (greedy, final policy) | {format_percent(self.tlt.heldout_accuracy)} "
+            f"| {format_percent(self.baseline.heldout_accuracy)} |",
             "",
             f"- step speedup **{self.speedup:.2f}x**; rollout speedup s = {self.rollout_speedup:.2f}x; rollout "
-            f"throughput (response tokens per rollout second) ratio {_ratio(self.throughput_ratio)}",
+            f"throughput (response tokens per rollout second) ratio {format_ratio(self.throughput_ratio)}",
             f"- baseline rollout share r = {self.rollout_share:.1%}; Amdahl bound 1 / ((1 - r) + r / s) = "
             f"{self.amdahl_bound:.2f}x; measured / bound = {self.of_bound:.2f}",
-            f"- held-out accuracy of the starting policy: {_pct(self.base_heldout_accuracy)}",
+            f"- held-out accuracy of the starting policy: {format_percent(self.base_heldout_accuracy)}",
             *([f"- note: {self.caveat}"] if self.caveat else []),
         ]
         return "\n".join(lines) + "\n"
@@ -161,11 +161,16 @@ def measured_steps(history: list[dict], warmup: int) -> list[dict]:
     return history[warmup:] if len(history) > warmup else history
 
 
-def _pct(value: float | None) -> str:
+def amdahl_bound(rollout_share: float, rollout_speedup: float) -> float:
+    """The step speedup a rollout speedup s allows at rollout share r: 1 / ((1 - r) + r / s)."""
+    return 1 / ((1 - rollout_share) + rollout_share / rollout_speedup)
+
+
+def format_percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
 
 
-def _ratio(value: float | None) -> str:
+def format_ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}x"
 
 
