@@ -37,24 +37,24 @@ class Side:
     lengths: np.ndarray
     mean_logprobs: np.ndarray
     seconds: float
-    accepted_per_verify: float  # 0 for plain decoding
+    accept_length: float  # tokens per SD verify and row, as `tlt train` reports it (0 for plain decoding)
 
 
 def run_side(engine, tokenizer, prompts: list[list[int]], golds: list[str], params, samples: int) -> Side:
     from tlt.data.rewards import math_rewards
+    from tlt.training.rl_loop import decode_stats
 
     start = time.perf_counter()
     rollouts = engine.generate(prompts, params, n=samples)
     seconds = time.perf_counter() - start
     texts = [tokenizer.decode(r.token_ids) for r in rollouts]
     rewards = np.array(math_rewards(texts, [g for g in golds for _ in range(samples)])).reshape(len(prompts), samples)
-    sd = [s for s in engine.step_stats if s.sd_on]
     return Side(
         rewards=rewards,
         lengths=np.array([r.token_ids.numel() for r in rollouts]),
         mean_logprobs=np.array([r.logprobs.mean().item() if r.logprobs.numel() else 0.0 for r in rollouts]),
         seconds=seconds,
-        accepted_per_verify=sum(s.accepted_tokens for s in sd) / max(1, sum(s.running_batch for s in sd)),
+        accept_length=decode_stats(engine.step_stats)[0],
     )
 
 
@@ -86,7 +86,7 @@ def markdown(args: argparse.Namespace, plain: Side, sd: Side, result: dict, mach
         ("reward (mean)", f"{result['reward_plain']:.4f}", f"{result['reward_sd']:.4f}"),
         ("response tokens mean / p50 / p90 / p99", lengths(plain), lengths(sd)),
         ("mean log-prob per token", f"{plain.mean_logprobs.mean():.4f}", f"{sd.mean_logprobs.mean():.4f}"),
-        ("accepted tokens per verify", "-", f"{sd.accepted_per_verify:.2f}"),
+        ("accept length (tokens per verify)", "-", f"{sd.accept_length:.2f}"),
         ("seconds", f"{plain.seconds:.1f}", f"{sd.seconds:.1f}"),
     ]
     P, N = plain.rewards.shape

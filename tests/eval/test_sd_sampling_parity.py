@@ -33,7 +33,7 @@ def test_end_to_end_report_with_the_ngram_drafter(tmp_path, capsys):
     assert main(args + ["--samples", "3", "--max-new-tokens", "12", "--out", str(out)]) == 0
     text = out.read_text()
     assert text == capsys.readouterr().out.split("[parity] SD: 4 prompts x 3 samples\n")[1]
-    assert "4 held-out prompts x 3 samples per side" in text and "| accepted tokens per verify | - |" in text
+    assert "4 held-out prompts x 3 samples per side" in text and "| accept length (tokens per verify) | - |" in text
     p_values = [float(line.rsplit("p = ", 1)[1].split(",")[0]) for line in text.splitlines() if "p = " in line]
     assert len(p_values) == 3 and all(0 <= p <= 1 for p in p_values)
 
