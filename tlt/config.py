@@ -292,6 +292,9 @@ class GRPOConfig:
     epochs: int = 1  # passes over each step's rollouts (DeepSeekMath's mu)
     minibatch_size: int = 32  # sequences per optimizer step
     micro_batch_tokens: int = 4096  # padded tokens per forward (length-sorted micro-batches, gradients summed)
+    micro_batch_overhead_tokens: int = (
+        64  # a forward's fixed cost in tokens, traded against padding (grpo.micro_batches)
+    )
     scale_rewards: bool = True  # divide group-centred rewards by the group's std (False: Dr. GRPO)
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
@@ -305,6 +308,12 @@ class GRPOConfig:
         _check(self.epochs >= 1, "grpo.epochs", "an integer >= 1", self.epochs)
         _check(self.minibatch_size >= 1, "grpo.minibatch_size", "an integer >= 1", self.minibatch_size)
         _check(self.micro_batch_tokens >= 1, "grpo.micro_batch_tokens", "an integer >= 1", self.micro_batch_tokens)
+        _check(
+            self.micro_batch_overhead_tokens >= 0,
+            "grpo.micro_batch_overhead_tokens",
+            "an integer >= 0",
+            self.micro_batch_overhead_tokens,
+        )
         _check(self.max_grad_norm > 0, "grpo.max_grad_norm", "a float > 0", self.max_grad_norm)
         _check(self.weight_decay >= 0, "grpo.weight_decay", "a float >= 0", self.weight_decay)
 

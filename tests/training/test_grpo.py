@@ -1,7 +1,9 @@
 """GRPO math against hand-computed values: advantages, clipping on both sides, k3 KL, token-mean; the module's
 recompute (log-probs and post-norm hidden states) and its update."""
 
+import itertools
 import math
+import random
 
 import pytest
 import torch
@@ -151,17 +153,58 @@ def test_update_policy_steps_per_minibatch_and_moves_the_weights():
 
 def test_micro_batches_sort_longest_first_within_the_token_budget():
     lengths = torch.tensor([5, 40, 7, 38, 6, 100])
-    groups = [g.tolist() for g in micro_batches(lengths, max_tokens=80)]
+    groups = [g.tolist() for g in micro_batches(lengths, max_tokens=80, overhead_tokens=64)]
     assert groups == [[5], [1, 3], [2, 4, 0]]  # 100 alone; 2 x 40; 3 x 7 (the longest row of each group)
     assert sorted(i for g in groups for i in g) == list(range(6))
-    assert [g.tolist() for g in micro_batches(lengths, max_tokens=1)] == [[5], [1], [3], [2], [4], [0]]
+    one_each = [[5], [1], [3], [2], [4], [0]]
+    assert [g.tolist() for g in micro_batches(lengths, max_tokens=1, overhead_tokens=64)] == one_each
+
+
+def test_micro_batches_give_a_long_row_its_own_forward_when_padding_costs_more():
+    lengths = torch.tensor([20, 100, 20, 20])
+    cheap = [g.tolist() for g in micro_batches(lengths, max_tokens=400, overhead_tokens=10)]
+    assert cheap == [[1], [0, 2, 3]]  # 100 + 60 padded tokens + 2 forwards, not 4 x 100 in one
+    costly = [g.tolist() for g in micro_batches(lengths, max_tokens=400, overhead_tokens=1000)]
+    assert costly == [[1, 0, 2, 3]]  # a forward costs more than the 240 padded tokens it would save
+
+
+def _cut_cost(lengths: list[int], groups: list[list[int]], overhead: int) -> int:
+    return sum(len(g) * max(lengths[i] for i in g) + overhead for g in groups)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_micro_batches_minimise_padding_plus_forwards_over_every_cut(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([3, 5, 8, 30, 31, 90]) for _ in range(7)]
+    max_tokens, overhead = 100, rng.choice([0, 8, 40])
+    groups = [g.tolist() for g in micro_batches(torch.tensor(lengths), max_tokens, overhead)]
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    assert all(len(g) == 1 or len(g) * max(lengths[i] for i in g) <= max_tokens for g in groups)
+    order = sorted(range(7), key=lambda i: -lengths[i])
+    best = min(  # every way of cutting the sorted rows into contiguous runs within the budget
+        _cut_cost(lengths, cut, overhead)
+        for bits in itertools.product([0, 1], repeat=6)
+        for cut in [_runs(order, bits)]
+        if all(len(g) == 1 or len(g) * max(lengths[i] for i in g) <= max_tokens for g in cut)
+    )
+    assert _cut_cost(lengths, groups, overhead) == best
+
+
+def _runs(order: list[int], cuts: tuple[int, ...]) -> list[list[int]]:
+    runs, current = [], [order[0]]
+    for row, cut in zip(order[1:], cuts, strict=True):
+        if cut:
+            runs.append(current)
+            current = []
+        current.append(row)
+    return [*runs, current]
 
 
 @pytest.mark.parametrize("max_tokens", [1, 12, 10_000])
 def test_accumulated_gradient_equals_one_forward_over_the_rows(max_tokens):
     policy = build_model("test", vocab_size=300, seed=2)  # its own: the shared fixture is frozen as a reference
     _, _, batch = _batch()
-    module = GRPOModule(policy, GRPOConfig(entropy_coef=0.1), temperature=1.0)
+    module = GRPOModule(policy, GRPOConfig(entropy_coef=0.1, micro_batch_tokens=max_tokens), temperature=1.0)
     batch, _ = module.recompute(batch)
     rows = torch.tensor([3, 0, 2])
     policy.zero_grad(set_to_none=True)
@@ -169,7 +212,7 @@ def test_accumulated_gradient_equals_one_forward_over_the_rows(max_tokens):
     expected = [p.grad.clone() for p in policy.parameters()]
     policy.zero_grad(set_to_none=True)
     count = batch.loss_mask[rows].sum().item()
-    sums = accumulate_loss(module, batch, rows, count, max_tokens)
+    sums = accumulate_loss(module, batch, rows, count)
     for p, e in zip(policy.parameters(), expected, strict=True):
         torch.testing.assert_close(p.grad, e, atol=1e-6, rtol=1e-5)
     full = module.loss(batch.rows(rows))

@@ -101,7 +101,7 @@ def update_policy_sharded(
         optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(5, dtype=torch.float64, device=device)  # token sums of the 5 loss terms
         if mine.numel():
-            sums = accumulate_loss(module, batch, mine.to(device), count, cfg.micro_batch_tokens)
+            sums = accumulate_loss(module, batch, mine.to(device), count)
         sums = _sum_gradients(params, sums)
         norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
         optimizer.step()

@@ -287,33 +287,44 @@ class UpdateStats:
     grad_norm: float  # before clipping
 
 
-def micro_batches(lengths: torch.Tensor, max_tokens: int) -> list[torch.Tensor]:
-    """Rows grouped longest first into micro-batches of at most `max_tokens` padded tokens (rows x longest
-    row) each, at least one row per micro-batch; lengths [B] -> index tensors [b] (on lengths' device).
+def micro_batches(lengths: torch.Tensor, max_tokens: int, overhead_tokens: int) -> list[torch.Tensor]:
+    """Rows sorted longest first and cut into micro-batches of at most `max_tokens` padded tokens (rows x
+    longest row) each, at least one row per micro-batch; lengths [B] -> index tensors [b] (on lengths' device).
 
     Rollout lengths are long-tailed: one 500-token response padded together with fifteen 40-token ones makes a
-    forward mostly padding. Sorting first keeps the padding to what neighbouring lengths differ by.
+    forward mostly padding, and so does a token budget filled greedily after a long row. The cuts minimise
+    padded tokens + `overhead_tokens` per micro-batch (a forward's fixed cost in token equivalents), exactly,
+    by dynamic programming over the sorted rows: a long row gets a micro-batch of its own when the padding it
+    would cost its neighbours outweighs one more forward.
     """
     order = torch.argsort(lengths, descending=True, stable=True)
-    groups, start = [], 0
-    for end in range(1, len(order) + 1):
-        longest = int(lengths[order[start]])
-        if end == len(order) or (end + 1 - start) * longest > max_tokens:
-            groups.append(order[start:end])
-            start = end
-    return groups
+    rows = lengths[order].tolist()  # longest first
+    cost = [0.0] + [float("inf")] * len(rows)  # cost[j]: the cheapest cut of the first j sorted rows
+    start = [0] * (len(rows) + 1)  # start[j]: where the last micro-batch of that cut begins
+    for j in range(1, len(rows) + 1):
+        for i in range(j - 1, -1, -1):  # micro-batch = sorted rows i .. j - 1, padded to rows[i]
+            if i < j - 1 and (j - i) * rows[i] > max_tokens:
+                break  # an earlier start only adds rows and length
+            c = cost[i] + (j - i) * rows[i] + overhead_tokens
+            if c < cost[j]:
+                cost[j], start[j] = c, i
+    groups, j = [], len(rows)
+    while j > 0:
+        groups.append(order[start[j] : j])
+        j = start[j]
+    return groups[::-1]
 
 
-def accumulate_loss(
-    module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float, max_tokens: int
-) -> torch.Tensor:
+def accumulate_loss(module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float) -> torch.Tensor:
     """Backpropagate token_sum(GRPO loss over `rows` of `batch`) / denominator, one length-sorted micro-batch
     at a time (`micro_batches`); the accumulated gradient is that of one forward over all the rows.
 
     Returns the token sums of (loss, policy_loss, kl, entropy, clip_fraction) over the rows, [5] float64.
     """
     sums = torch.zeros(5, dtype=torch.float64, device=batch.input_ids.device)
-    for index in micro_batches(batch.attention_mask[rows].sum(1), max_tokens):
+    cfg = module.cfg
+    lengths = batch.attention_mask[rows].sum(1)
+    for index in micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens):
         chunk = batch.rows(rows[index])
         out = module.loss(chunk)
         n = chunk.loss_mask.sum().double()
@@ -339,7 +350,7 @@ def update_policy(
     for index in minibatches:
         count = batch.loss_mask[index].sum().clamp(min=1).item()
         optimizer.zero_grad(set_to_none=True)
-        sums = accumulate_loss(module, batch, index, count, cfg.micro_batch_tokens)
+        sums = accumulate_loss(module, batch, index, count)
         norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
         optimizer.step()
         totals += torch.cat([sums.cpu() / count, norm.detach().double().cpu().view(1)])

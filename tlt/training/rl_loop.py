@@ -376,7 +376,10 @@ class RLTrainer:
         """Fill in old (and reference) log-probs in length-sorted micro-batches; hidden states -> buffer."""
         old = torch.zeros_like(batch.sampler_logprobs)  # [B, T - 1]
         ref = torch.zeros_like(old) if self.cfg.grpo.kl_coef > 0 else None
-        for index in micro_batches(batch.attention_mask.sum(1), self.cfg.grpo.micro_batch_tokens):
+        grpo = self.cfg.grpo
+        for index in micro_batches(
+            batch.attention_mask.sum(1), grpo.micro_batch_tokens, grpo.micro_batch_overhead_tokens
+        ):
             chunk, hidden = self.module.recompute(batch.rows(index))  # hidden: [b, T_b, D]
             T1 = chunk.old_logprobs.shape[1]
             old[index, :T1] = chunk.old_logprobs
