@@ -7,7 +7,10 @@ step); `never` keeps it frozen. Reported per policy, medians over the steps afte
 (spot must not slow the rollout down: goal within 3% of never), step seconds, drafter micro-steps per RL step,
 idle seconds (ranks waiting for the last share) and the part of it spent training; and the paired rollout
 ratio to never (median of per-step ratios at the same round and step: with SD off in the engine, every run
-decodes the same rollouts). Runs go one after another (each spawns its own ranks), `--rounds` times in turn.
+decodes the same rollouts), per round and as a mean over rounds with its 95% t-interval. Runs go one after
+another (each spawns its own ranks), `--rounds` times; round k starts the policy order at its k-th policy, so
+over a multiple of 3 rounds every policy runs equally often first, second and third (a machine that slows
+down, or warms up, within a round biases no policy).
 
   OMP_NUM_THREADS=1 python -m eval.bench_spot --config configs/tlt.yaml --steps 8 --rounds 2 --out runs/bench-spot \
       train.devices=2 drafter.path=runs/quickstart/drafter
@@ -66,6 +69,37 @@ def paired_rollout_ratios(runs: dict[str, list[list[dict]]]) -> dict[str, float]
     }
 
 
+def round_order(policies: list[str], round_: int) -> list[str]:
+    """The policies of round `round_`, rotated to start at its (round_ mod n)-th."""
+    k = round_ % len(policies)
+    return policies[k:] + policies[:k]
+
+
+def round_ratios(runs: dict[str, list[list[dict]]]) -> dict[str, list[float]]:
+    """Per policy and round: the median over steps of its rollout seconds over never's at the same step."""
+    return {
+        policy: [
+            statistics.median(
+                float(row["rollout_seconds"]) / float(base["rollout_seconds"])
+                for row, base in zip(rows, base_rows, strict=True)
+            )
+            for rows, base_rows in zip(per_round, runs["never"], strict=True)
+        ]
+        for policy, per_round in runs.items()
+    }
+
+
+def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean of `values` and its two-sided t-interval (nan bounds for one value)."""
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, float("nan"), float("nan")
+    half = stats.t.ppf((1 + level) / 2, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
 def render(report: dict) -> str:
     s, rows = report["settings"], report["policies"]
     never = rows["never"]["rollout_seconds"]
@@ -73,7 +107,7 @@ def render(report: dict) -> str:
         "# Spot drafter training: overhead and idle time used",
         "",
         f"`tlt train {s['config']} {' '.join(s['overrides'])}` with {s['steps']} steps per run, {s['rounds']} "
-        "round(s) of the three policies in turn; medians over all steps after each run's first.",
+        "round(s) of the policies in turn (order rotated each round); medians over all steps after each run's first.",
         "",
         "| policy | rollout s | vs never | paired vs never | step s | drafter s | drafter steps / RL step | "
         "spot steps | idle s | idle s training | accept length |",
@@ -93,6 +127,15 @@ def render(report: dict) -> str:
             "",
             "Paired: median over rounds and steps of (rollout s / never's at the same round and step).",
         ]
+    for name, ratios in report.get("round_ratios", {}).items():
+        if name == "never":
+            continue
+        mean, low, high = mean_interval(ratios)
+        per_round = ", ".join(f"{r - 1:+.1%}" for r in ratios)
+        lines.append(
+            f"- {name} vs never, paired per round: {per_round}; mean {mean - 1:+.1%} "
+            f"(95% t-interval {low - 1:+.1%} to {high - 1:+.1%})"
+        )
     for name, per_round in report.get("rounds", {}).items():
         medians = ", ".join(f"{statistics.median(float(r['rollout_seconds']) for r in rs):.2f}" for rs in per_round)
         lines.append(f"- {name}: median rollout s per round {medians}")
@@ -112,7 +155,7 @@ def main(argv=None) -> int:
     policies = args.policies.split(",")
     runs: dict[str, list[list[dict]]] = {policy: [] for policy in policies}
     for round_ in range(args.rounds):
-        for policy in policies:
+        for policy in round_order(policies, round_):
             runs[policy].append(run_policy(args, policy, round_))
     report = {
         "settings": vars(args),
@@ -122,6 +165,7 @@ def main(argv=None) -> int:
     }
     if "never" in runs:
         report["paired_rollout_ratios"] = paired_rollout_ratios(runs)
+        report["round_ratios"] = round_ratios(runs)
     out = Path(args.out)
     atomic_write_json(out / "spot.json", report)
     text = render(report)

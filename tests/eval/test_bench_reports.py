@@ -1,6 +1,9 @@
 """Report arithmetic of the backend and spot benchmarks on synthetic measurements."""
 
+import math
 from argparse import Namespace
+
+import pytest
 
 from eval import bench_backends, bench_interference, bench_spot
 
@@ -68,6 +71,24 @@ def test_spot_paired_ratio_pairs_each_step_with_never_at_the_same_round():
     text = bench_spot.render(report)
     assert "| +5.0% |" in text
     assert "- never: median rollout s per round 2.00, 4.00" in text
+    report["round_ratios"] = bench_spot.round_ratios(runs)
+    assert report["round_ratios"]["spot"] == pytest.approx([1.1, 1.0])
+    text = bench_spot.render(report)
+    assert "- spot vs never, paired per round: +10.0%, +0.0%; mean +5.0% (95% t-interval -58.5% to +68.5%)" in text
+
+
+def test_spot_rounds_rotate_the_policy_order():
+    policies = ["never", "spot", "between_steps"]
+    orders = [bench_spot.round_order(policies, k) for k in range(3)]
+    assert orders[1] == ["spot", "between_steps", "never"]
+    assert all(sorted(o) == sorted(policies) for o in orders)
+    assert [sorted(o[i] for o in orders) for i in range(3)] == [sorted(policies)] * 3  # each position once
+
+
+def test_spot_interval_over_rounds_narrows_with_agreeing_rounds():
+    mean, low, high = bench_spot.mean_interval([1.02, 1.03, 1.01, 1.02])
+    assert mean == pytest.approx(1.02) and low < 1.02 < high and high - low < 0.03
+    assert all(math.isnan(x) for x in bench_spot.mean_interval([1.02])[1:])
 
 
 FILLER = {
