@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from tlt.config import GRPOConfig
 from tlt.models.presets import build_model
-from tlt.training.data_parallel import shard, update_policy_sharded
+from tlt.training.data_parallel import gather_rows, shard, update_policy_sharded
 from tlt.training.grpo import GRPOModule, make_batch, update_policy
 from tlt.training.launch import WorkerContext
 
@@ -57,8 +57,8 @@ def _optimizer(module: GRPOModule, kind: str) -> torch.optim.Optimizer:
 
 
 def update_equivalence(ctx: WorkerContext, optimizer: str) -> dict:
-    """The sharded update of each rank's rows vs (on rank 0) one process's update of all rows; both from the
-    same policy, old / reference log-probs and generator seed."""
+    """The sharded update from each rank's rows (gathered, then dealt out by length) vs (on rank 0) one
+    process's update of all rows; both from the same policy, old / reference log-probs and generator seed."""
     torch.manual_seed(0)
     module = _module(build_model("test", 300, 1, 2, 0, seed=0))
     full, _ = module.recompute(_fixed_batch())  # old and reference log-probs of all rows, alike on all ranks
@@ -72,7 +72,7 @@ def update_equivalence(ctx: WorkerContext, optimizer: str) -> dict:
     rows = torch.arange(first * G, (first + count) * G)
     generator = torch.Generator().manual_seed(7)
     opt = _optimizer(module, optimizer)
-    stats = update_policy_sharded(module, opt, full.rows(rows), generator, first * G, GROUPS * G)
+    stats = update_policy_sharded(module, opt, gather_rows(full.rows(rows)), generator)
     after = _flat(module.policy)
     return {"start": start, "params": after, "stats": stats, "single": single, "rows": rows.tolist()}
 

@@ -13,7 +13,7 @@ from tests.training import dp_workers
 from tests.training.test_train_cli import config  # noqa: F401  (the fixture: a random test-preset policy)
 from tlt.cli import main
 from tlt.config import ConfigError, load_config
-from tlt.training.data_parallel import shard
+from tlt.training.data_parallel import balanced_share, shard
 from tlt.training.launch import launch_cpu
 from tlt.training.run_log import COLUMNS
 from tlt.training.train import run_train
@@ -95,6 +95,15 @@ def test_sharded_update_equals_one_process(resumed, optimizer):
     torch.testing.assert_close(a["params"], single["params"], rtol=0, atol=atol)
     for key, value in vars(single["stats"]).items():
         assert getattr(a["stats"], key) == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_balanced_share_deals_each_row_once_and_evens_the_tokens():
+    lengths = torch.tensor([500, 40, 60, 50, 45, 55, 300, 35])  # a long tail: rows 0 and 6
+    index = torch.tensor([6, 0, 1, 2, 3, 4, 5, 7])
+    shares = [balanced_share(lengths, index, 2, r).tolist() for r in range(2)]
+    assert shares == [[0, 1], [2, 3, 4, 5, 6, 7]]  # 540 and 545 tokens; rows 0-3 vs 4-7 would be 650 / 435
+    three = [balanced_share(lengths, index[:2], 3, r).tolist() for r in range(3)]
+    assert three == [[0], [6], []]  # fewer rows than ranks: one rank sits this minibatch out
 
 
 def test_shard_splits_whole_prompts_deterministically():

@@ -11,8 +11,10 @@ Per RL step, every rank of the default process group (`DistributedRLTrainer.step
    is done trains until every rank's share is done; `between_steps` trains the budget after that; `never`
    (or SD off) only waits. The wait goes through the store, so no collective sits behind a long rollout.
    The replicas are then reconciled (step-weighted average): every rank holds the same drafter;
-3. updates the policy data-parallel (`update_policy_sharded`): each minibatch is the same set of global rows
-   as in one process (one seeded permutation of the global batch, the same on every rank); a rank
+3. updates the policy data-parallel (`update_policy_sharded`): the ranks' rows are all-gathered
+   (`gather_rows`: token ids, masks, advantages, old log-probs; a few hundred KB), each minibatch is the same
+   set of global rows as in one process (one seeded permutation of the global batch, the same on every
+   rank), and its rows are dealt to the ranks by length (`balanced_share`), not by who sampled them; a rank
    back-propagates its rows' token-sum loss divided by the minibatch's global token count and the
    gradients are summed (all_reduce), so the token-mean loss, its gradient, the clipping norm and the AdamW
    step are those of one process over the same rollouts (up to float summation order), and every rank
@@ -39,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from tlt.backends.base import DecodeStepStats, FinishReason, Rollout
 from tlt.config import ConfigError, RunConfig
@@ -53,6 +56,7 @@ from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics
 from tlt.training.spot import DrafterStepper, SpotWorker
 
 POLL_SECONDS = 0.001  # the store wait of a step without drafter training
+GATHERED = ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "ref_logprobs")
 
 
 def shard(num_prompts: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -65,39 +69,66 @@ def shard(num_prompts: int, rank: int, world_size: int) -> tuple[int, int]:
 # ---- the data-parallel policy update --------------------------------------------------------------------
 
 
-def update_policy_sharded(
-    module: GRPOModule,
-    optimizer: torch.optim.Optimizer,
-    batch: GRPOBatch,
-    generator: torch.Generator,
-    offset: int,
-    total: int,
-) -> UpdateStats:
-    """`grpo.update_policy` over a global batch of `total` rows of which this rank holds rows
-    [offset, offset + batch.size) as `batch` (collective: every rank of the default group calls it).
+def gather_rows(batch: GRPOBatch) -> GRPOBatch:
+    """Every rank's rows of the step in rank order, right-padded to the longest, on every rank (collective).
+    Old and reference log-probs come along; the engine's (diagnostics only) do not."""
+    mine = {f: getattr(batch, f) for f in GATHERED}
+    parts: list[dict] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(parts, {k: None if v is None else v.cpu() for k, v in mine.items()})
+    width = max(p["input_ids"].shape[1] for p in parts)
 
-    The minibatches are those of one process (`cfg.epochs` seeded permutations of range(total), split in
-    `cfg.minibatch_size`; `generator` advances as there). Per minibatch a rank backpropagates
-    token_sum(loss over its rows) / (global response tokens of the minibatch); the summed gradients are the
-    single-process gradient of the minibatch's token-mean loss. A parameter gets a gradient if any rank's
-    rows gave it one (else it stays None, as in one process, so AdamW skips it). Stats are global too.
+    def cat(name: str) -> torch.Tensor | None:
+        if parts[0][name] is None:
+            return None
+        pad = width - (name in ("old_logprobs", "ref_logprobs"))  # [B, T - 1] for the log-probs
+        rows = [F.pad(p[name], (0, pad - p[name].shape[1])) if p[name].dim() == 2 else p[name] for p in parts]
+        return torch.cat(rows).to(batch.input_ids.device)
+
+    return GRPOBatch(**{name: cat(name) for name in GATHERED})
+
+
+def balanced_share(lengths: torch.Tensor, index: torch.Tensor, world_size: int, rank: int) -> torch.Tensor:
+    """This rank's rows of a minibatch `index` [b]: rows longest first, each to the rank with the fewest
+    tokens so far (longest-processing-time first; ties to the lower row and rank), the same on every rank;
+    -> [b_rank] row indices in increasing order."""
+    load = [0] * world_size
+    mine = []
+    for row in sorted(index.tolist(), key=lambda i: (-int(lengths[i]), i)):
+        to = min(range(world_size), key=lambda k: (load[k], k))
+        load[to] += int(lengths[row])
+        if to == rank:
+            mine.append(row)
+    return torch.tensor(sorted(mine), dtype=torch.long)
+
+
+def update_policy_sharded(
+    module: GRPOModule, optimizer: torch.optim.Optimizer, batch: GRPOBatch, generator: torch.Generator
+) -> UpdateStats:
+    """`grpo.update_policy` over the step's global `batch` (every rank's rows, `gather_rows`), its work
+    shared by the ranks (collective: every rank of the default group calls it).
+
+    The minibatches are those of one process (`cfg.epochs` seeded permutations of the global rows, split in
+    `cfg.minibatch_size`; `generator` advances as there). Each minibatch's rows are dealt to the ranks by
+    length (`balanced_share`), so a rank holding the long tail's rows does not keep the others waiting at the
+    all_reduce. A rank backpropagates token_sum(loss over its rows) / (response tokens of the minibatch); the
+    summed gradients are the single-process gradient of the minibatch's token-mean loss. A parameter gets a
+    gradient if any rank's rows gave it one (else it stays None, as in one process, so AdamW skips it).
+    Stats are global too.
     """
     cfg = module.cfg
     device = batch.input_ids.device
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     params = [p for p in module.policy.parameters() if p.requires_grad]
-    tokens = torch.zeros(total, dtype=torch.float64, device=device)  # [total] response tokens per row
-    tokens[offset : offset + batch.size] = batch.loss_mask.sum(1).double()
-    dist.all_reduce(tokens)
-    tokens = tokens.cpu()
+    lengths = batch.attention_mask.sum(1).cpu()  # [B] tokens per row
     minibatches = [
         index
         for _ in range(cfg.epochs)
-        for index in torch.randperm(total, generator=generator).split(cfg.minibatch_size)
+        for index in torch.randperm(batch.size, generator=generator).split(cfg.minibatch_size)
     ]
     totals = torch.zeros(6, dtype=torch.float64)  # loss, policy_loss, kl, entropy, clip_fraction, grad_norm
     for index in minibatches:
-        mine = index[(index >= offset) & (index < offset + batch.size)] - offset  # local rows, in order
-        count = tokens[index].sum().clamp(min=1).item()  # the minibatch's response tokens on all ranks
+        mine = balanced_share(lengths, index, world_size, rank)
+        count = batch.loss_mask[index.to(device)].sum().clamp(min=1).item()  # the minibatch's response tokens
         optimizer.zero_grad(set_to_none=True)
         sums = torch.zeros(5, dtype=torch.float64, device=device)  # token sums of the 5 loss terms
         if mine.numel():
@@ -213,10 +244,7 @@ class DistributedRLTrainer(RLTrainer):
             spot = self.spot.run_step(lambda: self._share(problems[first : first + count], start))
             share, idle = spot.rollout, spot.stats.idle_seconds
         reconciled = self._clock()
-        G = self.cfg.rollout.samples_per_prompt
-        update = update_policy_sharded(
-            self.module, self.optimizer, share.batch, self.generator, first * G, len(problems) * G
-        )
+        update = update_policy_sharded(self.module, self.optimizer, gather_rows(share.batch), self.generator)
         update_end = self._clock()
         self.version += 1
         self._push()
