@@ -10,7 +10,8 @@ written before tlt reported the throughput ratio, it comes from both runs' per-s
 the rollout share r and the Amdahl bound, the table gives the rollout throughput ratio (response tokens per
 rollout second, TLT over baseline, over the measured steps): at temperature > 0 the two runs sample different
 responses, and a step's rollout time follows its longest one, so the time ratio moves with the lengths drawn
-while the throughput ratio moves less. The report also says what step speedup a rollout speedup s allows at all:
+while the throughput ratio moves less; and the run ratio, the baseline's seconds over TLT's summed over the
+measured steps (the wall time a user waits, where long-tail steps weigh more than in a median). The report also says what step speedup a rollout speedup s allows at all:
 the bound tends to s as r -> 1, so a step goal of G needs s >= G whatever r is, and r >= (1 - 1/G) / (1 - 1/s)
 when s > G.
 """
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 from tlt.models.io import atomic_write_text
-from tlt.training.compare import amdahl_bound, format_percent, format_ratio, rollout_throughput
+from tlt.training.compare import amdahl_bound, format_percent, format_ratio, rollout_throughput, step_seconds
 
 COLUMNS = (
     "run",
@@ -37,6 +38,7 @@ COLUMNS = (
     "step s TLT / base",
     "rollout s TLT / base",
     "rollout tok/s ratio",
+    "run ratio",
     "train s TLT / base",
     "accept length",
     "reward TLT / base",
@@ -53,18 +55,26 @@ def load_comparison(run_dir: str | Path) -> dict:
     comparison = json.loads(path.read_text())
     comparison["run"] = str(run_dir)
     comparison["seed"] = _seed(run_dir / "config.yaml")
+    steps, runs = comparison["measured_steps"], (run_dir, run_dir / "baseline")
     if comparison.get("throughput_ratio") is None:  # written before tlt reported it: from the runs' metrics
-        steps = comparison["measured_steps"]
-        tlt, base = (_throughput(d / "checkpoint" / "metrics.json", steps) for d in (run_dir, run_dir / "baseline"))
+        tlt, base = (_measure(d, steps, rollout_throughput) for d in runs)
         comparison["throughput_ratio"] = tlt / base if tlt and base else None
+    if comparison.get("run_ratio") is None:  # likewise: the baseline's seconds over TLT's
+        tlt, base = (_measure(d, steps, _seconds) for d in runs)
+        comparison["run_ratio"] = base / tlt if tlt and base else None
     return comparison
 
 
-def _throughput(metrics_path: Path, steps: int) -> float | None:
-    """Rollout tokens per second over a run's last `steps` steps (None: no metrics file)."""
-    if not metrics_path.is_file():
+def _measure(run_dir: Path, steps: int, measure) -> float | None:
+    """`measure` of a run's last `steps` per-step metrics (None: no metrics file)."""
+    path = run_dir / "checkpoint" / "metrics.json"
+    if not path.is_file():
         return None
-    return rollout_throughput(json.loads(metrics_path.read_text())[-steps:])
+    return measure(json.loads(path.read_text())[-steps:])
+
+
+def _seconds(steps: list[dict]) -> float:
+    return sum(step_seconds(m) for m in steps)
 
 
 def _seed(config_path: Path) -> int | None:
@@ -93,6 +103,7 @@ def row(c: dict) -> list[str]:
         f"{tlt['step']:.2f} / {base['step']:.2f}",
         f"{tlt['rollout']:.2f} / {base['rollout']:.2f}",
         format_ratio(c["throughput_ratio"]),
+        format_ratio(c["run_ratio"]),
         f"{tlt['train']:.2f} / {base['train']:.2f}",
         f"{tlt['accept_length']:.2f}",
         f"{tlt['reward_mean']:.3f} / {base['reward_mean']:.3f}",
@@ -106,6 +117,8 @@ def report(comparisons: list[dict], goal: float) -> str:
     needed = required_share(goal, med["rollout_speedup"])
     throughputs = [c["throughput_ratio"] for c in comparisons if c["throughput_ratio"] is not None]
     throughput = format_ratio(statistics.median(throughputs) if throughputs else None)
+    runs = [c["run_ratio"] for c in comparisons if c["run_ratio"] is not None]
+    run_ratio = format_ratio(statistics.median(runs) if runs else None)
     lines = [
         f"# TLT vs baseline over {len(comparisons)} seeds",
         "",
@@ -118,7 +131,7 @@ def report(comparisons: list[dict], goal: float) -> str:
         "",
         f"- medians over seeds: step ratio **{med['speedup']:.2f}x**, rollout ratio s = {med['rollout_speedup']:.2f}x, "
         f"rollout share r = {med['rollout_share']:.0%}; Amdahl bound at these medians {bound:.2f}x; rollout "
-        f"throughput ratio {throughput}",
+        f"throughput ratio {throughput}; run ratio (all measured steps' seconds) {run_ratio}",
         f"- range over seeds: step {min(c['speedup'] for c in comparisons):.2f}-"
         f"{max(c['speedup'] for c in comparisons):.2f}x, rollout "
         f"{min(c['rollout_speedup'] for c in comparisons):.2f}-{max(c['rollout_speedup'] for c in comparisons):.2f}x",

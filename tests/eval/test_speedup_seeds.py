@@ -7,10 +7,12 @@ from tlt.training.compare import Comparison, RunTimes
 
 
 def _metrics(folder, rollout_seconds, tokens):
-    """checkpoint/metrics.json of one run: a warm-up step, then one measured step per rollout time."""
+    """checkpoint/metrics.json of one run: a warm-up step, then one measured step per rollout time (+ 1 s of
+    training each)."""
     (folder / "checkpoint").mkdir(parents=True)
     steps = [(99.0, 1)] + [(s, tokens) for s in rollout_seconds]
-    rows = [{"rollout_seconds": s, "response_len_mean": n / 4, "num_samples": 4} for s, n in steps]
+    times = {"train_seconds": 1.0, "drafter_seconds": 0.0, "push_seconds": 0.0}
+    rows = [{"rollout_seconds": s, "response_len_mean": n / 4, "num_samples": 4, **times} for s, n in steps]
     (folder / "checkpoint" / "metrics.json").write_text(json.dumps(rows))
 
 
@@ -54,9 +56,11 @@ def test_table_and_medians_over_seeds(tmp_path, capsys):
     assert out.read_text() == text
     assert f"| {runs[0]} | 0 | 2.00x | 3.00x | 75% | 2.00x | 1.00 |" in text
     assert "| 1.00 / 3.00 | 3.27x |" in text  # tokens per second: 1100 / 11 s against 1100 / 36 s
+    assert "| 3.27x | 2.14x |" in text  # all measured steps: 11 x (1 + 1) s against 10 x (3 + 1) + (6 + 1) s
     assert f"| {runs[2]} | 2 | 1.00x | 1.00x | 75% | 1.00x | 1.00 |" in text
     assert "step ratio **1.60x**, rollout ratio s = 2.00x, rollout share r = 75%" in text
     assert "rollout throughput ratio 2.18x" in text  # 36 / 16.5
+    assert "run ratio (all measured steps' seconds) 1.71x" in text  # 47 / 27.5
     assert "range over seeds: step 1.00-2.00x, rollout 1.00-3.00x" in text
     assert "out of reach at s = 2.00x" not in text and "needs r >= 89%" in text  # (1 - 1/1.8) / (1 - 1/2)
 
@@ -67,17 +71,19 @@ def test_goal_out_of_reach_is_said_and_missing_metrics_are_na(tmp_path, capsys):
     assert main([str(run)]) == 0
     text = capsys.readouterr().out
     assert "is out of reach at s = 1.50x for any r" in text
-    assert "| 2.00 / 3.00 | n/a |" in text and "rollout throughput ratio n/a" in text
+    assert "| 2.00 / 3.00 | n/a | n/a |" in text and "rollout throughput ratio n/a" in text
+    assert "run ratio (all measured steps' seconds) n/a" in text
 
 
-def test_the_throughput_ratio_of_speedup_json_is_used_when_present(tmp_path, capsys):
+def test_the_ratios_of_speedup_json_are_used_when_present(tmp_path, capsys):
     run = _run(tmp_path / "s0", 0, tlt_rollout=2.0, base_rollout=3.0)
     comparison = json.loads((run / "speedup.json").read_text())
     comparison["throughput_ratio"] = 1.25  # what tlt train writes now
+    comparison["run_ratio"] = 1.5
     (run / "speedup.json").write_text(json.dumps(comparison))
     (run / "checkpoint" / "metrics.json").unlink()
     assert main([str(run)]) == 0
-    assert "| 2.00 / 3.00 | 1.25x |" in capsys.readouterr().out
+    assert "| 2.00 / 3.00 | 1.25x | 1.50x |" in capsys.readouterr().out
 
 
 def test_missing_comparison_is_a_clear_error(tmp_path, capsys):

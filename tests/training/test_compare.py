@@ -34,6 +34,7 @@ def test_run_times_are_medians_after_warm_up():
     assert (times.rollout, times.train, times.step) == (4.0, 1.0, 6.0)  # the 100 s warm-up step is left out
     assert times.accept_length == 3.0 and times.reward_mean == 0.5
     assert times.rollout_tokens_per_second == 120 / 12  # 3 measured steps of 40 tokens in 3 + 5 + 4 s
+    assert times.total == 16.0  # 4 + 6 + 6 s
     assert RunTimes.of(history[:1], warmup=1).step == 200.0  # too short a run: all its steps
 
 
@@ -52,6 +53,11 @@ def test_comparison_ratios_and_amdahl_bound_by_hand():
     faster.baseline = dataclasses.replace(baseline, rollout_tokens_per_second=100.0)
     assert faster.throughput_ratio == 3.0 and "ratio 3.00x" in faster.markdown()
     assert faster.to_dict()["throughput_ratio"] == 3.0
+    assert result.run_ratio is None and "summed seconds of all measured steps ratio n/a" in result.markdown()
+    whole = dataclasses.replace(result, tlt=dataclasses.replace(tlt, total=50.0))
+    whole.baseline = dataclasses.replace(baseline, total=100.0)
+    assert whole.run_ratio == 2.0 and "summed seconds of all measured steps ratio 2.00x" in whole.markdown()
+    assert "| seconds of all measured steps | 50.000 | 100.000 |" in whole.markdown()
 
 
 def test_a_step_ratio_above_its_amdahl_bound_is_flagged():

@@ -34,6 +34,7 @@ class RunTimes:
     accept_length: float  # mean over steps that ran SD (0: none)
     heldout_accuracy: float | None = None  # greedy, final policy
     rollout_tokens_per_second: float = 0.0  # response tokens over rollout seconds, summed over measured steps
+    total: float = 0.0  # step seconds summed over the measured steps: the run's wall time after warm-up
 
     @staticmethod
     def of(history: list[dict], warmup: int) -> RunTimes:
@@ -44,13 +45,14 @@ class RunTimes:
 
         sd = [m["accept_length"] for m in history if m["accept_length"] > 0]
         return RunTimes(
-            step=statistics.median(sum(m[f"{p}_seconds"] for p in PARTS) for m in measured),
+            step=statistics.median(step_seconds(m) for m in measured),
             rollout=median("rollout_seconds"),
             train=median("train_seconds"),
             drafter=median("drafter_seconds"),
             reward_mean=statistics.fmean(m["reward_mean"] for m in history),
             accept_length=statistics.fmean(sd) if sd else 0.0,
             rollout_tokens_per_second=rollout_throughput(measured),
+            total=sum(step_seconds(m) for m in measured),
         )
 
 
@@ -76,6 +78,12 @@ class Comparison:
         responses and a step's rollout time follows its longest one, so this moves less than the time ratio."""
         tlt, base = self.tlt.rollout_tokens_per_second, self.baseline.rollout_tokens_per_second
         return tlt / base if tlt > 0 and base > 0 else None
+
+    @property
+    def run_ratio(self) -> float | None:
+        """The baseline's summed step seconds over TLT's (the measured steps' wall time; long steps weigh
+        more than in the median step ratio)."""
+        return self.baseline.total / self.tlt.total if self.tlt.total > 0 and self.baseline.total > 0 else None
 
     @property
     def rollout_share(self) -> float:
@@ -105,7 +113,15 @@ class Comparison:
         )
 
     def to_dict(self) -> dict:
-        derived = ("speedup", "rollout_speedup", "throughput_ratio", "rollout_share", "amdahl_bound", "caveat")
+        derived = (
+            "speedup",
+            "rollout_speedup",
+            "throughput_ratio",
+            "run_ratio",
+            "rollout_share",
+            "amdahl_bound",
+            "caveat",
+        )
         return asdict(self) | {name: getattr(self, name) for name in derived}
 
     def summary(self) -> str:
@@ -124,6 +140,7 @@ class Comparison:
             ("  rollout", self.tlt.rollout, self.baseline.rollout),
             ("  train (rewards, log-prob recompute, update)", self.tlt.train, self.baseline.train),
             ("  drafter", self.tlt.drafter, self.baseline.drafter),
+            ("seconds of all measured steps", self.tlt.total, self.baseline.total),
             ("mean reward over all steps", self.tlt.reward_mean, self.baseline.reward_mean),
             ("SD accept length (tokens per verify)", self.tlt.accept_length, self.baseline.accept_length),
         ]
@@ -140,7 +157,8 @@ class Comparison:
             f"| {format_percent(self.baseline.heldout_accuracy)} |",
             "",
             f"- step speedup **{self.speedup:.2f}x**; rollout speedup s = {self.rollout_speedup:.2f}x; rollout "
-            f"throughput (response tokens per rollout second) ratio {format_ratio(self.throughput_ratio)}",
+            f"throughput (response tokens per rollout second) ratio {format_ratio(self.throughput_ratio)}; "
+            f"summed seconds of all measured steps ratio {format_ratio(self.run_ratio)}",
             f"- baseline rollout share r = {self.rollout_share:.1%}; Amdahl bound 1 / ((1 - r) + r / s) = "
             f"{self.amdahl_bound:.2f}x; measured / bound = {self.of_bound:.2f}",
             f"- held-out accuracy of the starting policy: {format_percent(self.base_heldout_accuracy)}",
@@ -154,6 +172,11 @@ def rollout_throughput(steps: list[dict]) -> float:
     seconds = sum(m["rollout_seconds"] for m in steps)
     tokens = sum(m["response_len_mean"] * m["num_samples"] for m in steps)
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def step_seconds(metrics: dict) -> float:
+    """One step's seconds: rollout + train + drafter + push."""
+    return sum(metrics[f"{part}_seconds"] for part in PARTS)
 
 
 def measured_steps(history: list[dict], warmup: int) -> list[dict]:
