@@ -1,0 +1,168 @@
+"""GRPO policy-update cost of one rollout batch under two micro-batch cuts, side by side.
+
+One sampled rollout (T = 1, `--prompts` x `--samples`, long-tailed lengths) of a base policy, then the trainer's
+work on it: the old log-prob recompute and one update (`grpo.update_policy`), in micro-batches of at most
+`grpo.micro_batch_tokens` padded tokens, cut
+
+- `fewest`: into as few micro-batches as the token budget allows (a forward costs 10^9 tokens), which fills the
+  budget after a long row with short rows padded to it, as tlt's greedy cut did;
+- `default`: to minimise padded tokens + `grpo.micro_batch_overhead_tokens` per forward (64).
+
+Every repeat starts from the same policy and a fresh optimizer, so both cuts do the same arithmetic on real
+tokens; they differ in padding and in the number of forwards. Reported: padded / real tokens, forwards, and the
+median seconds over `--repeats` after a warm-up (which cut goes first alternates), one torch thread.
+
+  OMP_NUM_THREADS=1 python -m eval.bench_policy_update --model runs/small/model --out runs/bench-update
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tlt.backends.base import SamplingParams
+from tlt.backends.native import NativeEngine
+from tlt.config import DataConfig, GRPOConfig
+from tlt.data.prompts import format_prompt
+from tlt.data.rewards import math_rewards
+from tlt.data.splits import task_mix, training_problems
+from tlt.machine import describe_machine
+from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
+from tlt.training.grpo import GRPOBatch, GRPOModule, group_advantages, make_batch, micro_batches, update_policy
+
+CUTS = {"fewest": 10**9, "default": GRPOConfig.micro_batch_overhead_tokens}
+
+
+def rollout_batch(model, tokenizer, args) -> GRPOBatch:
+    """One sampled rollout of `args.prompts` training problems x `args.samples`, laid out for the update."""
+    problems = training_problems(task_mix(DataConfig()), args.prompts, args.seed)
+    engine = NativeEngine(copy.deepcopy(model), tokenizer.eos_token_id, max_seq_len=args.max_new_tokens + 128)
+    prompts = [tokenizer.encode(format_prompt(p.question)) for p in problems]
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    rollouts = engine.generate(prompts, sampling, n=args.samples)
+    texts = tokenizer.batch_decode([r.token_ids.tolist() for r in rollouts], skip_special_tokens=True)
+    rewards = torch.tensor(math_rewards(texts, [problems[r.prompt_index].answer for r in rollouts]))
+    return make_batch(
+        [r.prompt_ids for r in rollouts],
+        [r.token_ids for r in rollouts],
+        group_advantages(rewards, args.samples),
+        tokenizer.pad_token_id,
+    )
+
+
+def padding(batch: GRPOBatch, cfg: GRPOConfig, generator_seed: int) -> dict:
+    """Padded and real tokens and forwards of the recompute and the update's minibatches under `cfg`."""
+    lengths = batch.attention_mask.sum(1)
+    index_sets = [torch.arange(batch.size)]  # the recompute: every row
+    index_sets += list(
+        torch.randperm(batch.size, generator=torch.Generator().manual_seed(generator_seed)).split(cfg.minibatch_size)
+    )
+    padded = real = forwards = 0
+    for rows in index_sets:
+        for group in micro_batches(lengths[rows], cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens):
+            padded += len(group) * int(lengths[rows][group].max())
+            real += int(lengths[rows][group].sum())
+            forwards += 1
+    return {"padded": padded, "real": real, "forwards": forwards}
+
+
+def timed_update(model, batch: GRPOBatch, cfg: GRPOConfig, seed: int) -> float:
+    """Seconds of the recompute + one update from a copy of `model` (the trainer's work on one rollout)."""
+    module = GRPOModule(copy.deepcopy(model), cfg, temperature=1.0)
+    optimizer = module.configure_optimizers()
+    start = time.perf_counter()
+    old = torch.zeros(batch.size, batch.input_ids.shape[1] - 1)
+    lengths = batch.attention_mask.sum(1)
+    for index in micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens):
+        chunk, _ = module.recompute(batch.rows(index))
+        old[index, : chunk.old_logprobs.shape[1]] = chunk.old_logprobs
+    update_policy(module, optimizer, dataclasses.replace(batch, old_logprobs=old), torch.Generator().manual_seed(seed))
+    return time.perf_counter() - start
+
+
+def render(report: dict) -> str:
+    s = report["settings"]
+    lengths = report["response_lengths"]
+    lines = [
+        "# GRPO update of one rollout: micro-batch cuts side by side",
+        "",
+        f"`{s['model']}`, {s['prompts']} prompts x {s['samples']} samples at T = 1 (response tokens: p50 "
+        f"{lengths['p50']}, max {lengths['max']}, mean {lengths['mean']:.0f}); recompute + one update, "
+        f"minibatches of {s['minibatch_size']}, {s['micro_batch_tokens']} tokens per micro-batch at most; medians "
+        f"of {s['repeats']} repeats.",
+        "",
+        "| cut | forward cost (tokens) | forwards | padded / real tokens | seconds | vs fewest |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    base = report["cuts"]["fewest"]["seconds"]
+    for name, row in report["cuts"].items():
+        lines.append(
+            f"| {name} | {row['overhead_tokens']} | {row['forwards']} | {row['padded'] / row['real']:.2f} | "
+            f"{row['seconds']:.2f} | {base / row['seconds']:.2f}x |"
+        )
+    lines += ["", "Machine: " + json.dumps(report["machine"])]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="HF folder of the policy (e.g. runs/small/model)")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=768)
+    p.add_argument("--minibatch-size", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    if not Path(args.model, "config.json").is_file():
+        print(f"bench_policy_update: error: no HF model folder at {args.model}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    model, tokenizer = load_hf_folder(args.model)
+    model.eval()
+    batch = rollout_batch(model, tokenizer, args)
+    response = sorted(batch.response_mask.sum(1).tolist())
+    configs = {
+        name: GRPOConfig(minibatch_size=args.minibatch_size, micro_batch_overhead_tokens=cost)
+        for name, cost in CUTS.items()
+    }
+    seconds: dict[str, list[float]] = {name: [] for name in configs}
+    timed_update(model, batch, configs["default"], args.seed)  # warm-up, not counted
+    for repeat in range(args.repeats):
+        for name in list(configs)[:: 1 if repeat % 2 == 0 else -1]:  # alternate which cut goes first
+            cfg = configs[name]
+            seconds[name].append(timed_update(model, batch, cfg, args.seed))
+            print(f"[bench] repeat {repeat + 1}/{args.repeats} {name}: {seconds[name][-1]:.2f}s", flush=True)
+    report = {
+        "settings": vars(args) | {"micro_batch_tokens": GRPOConfig.micro_batch_tokens},
+        "machine": describe_machine(),
+        "response_lengths": {
+            "p50": response[len(response) // 2],
+            "max": response[-1],
+            "mean": statistics.fmean(response),
+        },
+        "cuts": {
+            name: {"overhead_tokens": CUTS[name], "seconds": statistics.median(seconds[name]), "all": seconds[name]}
+            | padding(batch, cfg, args.seed)
+            for name, cfg in configs.items()
+        },
+    }
+    out = Path(args.out)
+    atomic_write_json(out / "update.json", report)
+    text = render(report)
+    atomic_write_text(out / "update.md", text)
+    print(text, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+import json
+
+import torch
+
+from eval.bench_policy_update import main, padding
+from tests.tiny_model import save_math_policy
+from tlt.config import GRPOConfig
+from tlt.training.grpo import GRPOBatch
+
+
+def _batch(lengths: list[int]) -> GRPOBatch:
+    T = max(lengths)
+    attention = torch.tensor([[t < n for t in range(T)] for n in lengths])
+    return GRPOBatch(torch.zeros(len(lengths), T, dtype=torch.long), attention, attention, torch.zeros(len(lengths)))
+
+
+def test_padding_counts_the_recompute_and_every_minibatch():
+    batch = _batch([100, 20, 20, 20])
+    fewest = padding(batch, GRPOConfig(minibatch_size=4, micro_batch_overhead_tokens=10**9), generator_seed=0)
+    assert fewest == {"padded": 800, "real": 320, "forwards": 2}  # 4 x 100, twice (recompute, one minibatch)
+    cut = padding(batch, GRPOConfig(minibatch_size=4, micro_batch_overhead_tokens=10), generator_seed=0)
+    assert cut == {"padded": 320, "real": 320, "forwards": 4}  # [100] and [20, 20, 20], twice
+
+
+def test_end_to_end_report(tmp_path, capsys):
+    model = save_math_policy(tmp_path / "model")
+    out = tmp_path / "bench"
+    args = ["--model", str(model), "--prompts", "2", "--samples", "3", "--max-new-tokens", "12"]
+    assert main(args + ["--minibatch-size", "2", "--repeats", "2", "--out", str(out)]) == 0
+    report = json.loads((out / "update.json").read_text())
+    assert set(report["cuts"]) == {"fewest", "default"}
+    for row in report["cuts"].values():
+        assert len(row["all"]) == 2 and row["seconds"] > 0 and row["padded"] >= row["real"] > 0
+    assert report["cuts"]["default"]["padded"] <= report["cuts"]["fewest"]["padded"]
+    assert "| fewest | 1000000000 |" in (out / "update.md").read_text()
+    assert "2 prompts x 3 samples" in capsys.readouterr().out
+
+
+def test_a_missing_model_is_a_clear_error(tmp_path, capsys):
+    assert main(["--model", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
+    assert "no HF model folder" in capsys.readouterr().err
