@@ -5,15 +5,15 @@ runs in one table, with medians across seeds.
       --out eval/results/rl_speedup_small_seeds.md
 
 Each run folder holds the speedup.json that `tlt train` writes (tlt.training.compare); for a speedup.json
-written before tlt reported the throughput ratio, it comes from both runs' per-step metrics
+written before tlt reported the throughput and run ratios, they come from both runs' per-step metrics
 (checkpoint/metrics.json, baseline/checkpoint/metrics.json). Besides the per-seed step and rollout ratios,
 the rollout share r and the Amdahl bound, the table gives the rollout throughput ratio (response tokens per
 rollout second, TLT over baseline, over the measured steps): at temperature > 0 the two runs sample different
 responses, and a step's rollout time follows its longest one, so the time ratio moves with the lengths drawn
 while the throughput ratio moves less; and the run ratio, the baseline's seconds over TLT's summed over the
-measured steps (the wall time a user waits, where long-tail steps weigh more than in a median). The report also says what step speedup a rollout speedup s allows at all:
-the bound tends to s as r -> 1, so a step goal of G needs s >= G whatever r is, and r >= (1 - 1/G) / (1 - 1/s)
-when s > G.
+measured steps (the wall time a user waits, where long-tail steps weigh more than in a median). The report
+also says what step speedup a rollout speedup s allows at all: the bound tends to s as r -> 1, so a step goal
+of G needs s >= G whatever r is, and r >= (1 - 1/G) / (1 - 1/s) when s > G.
 """
 
 from __future__ import annotations
