@@ -51,7 +51,7 @@ from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
 from tlt.schedulers.idle import IdleScheduler, Policy
 from tlt.training.checkpoint import RANK_LOCAL, rng_state, save_checkpoint
-from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats, accumulate_loss
+from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats, update_policy
 from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics
 from tlt.training.spot import DrafterStepper, SpotWorker
 
@@ -115,30 +115,17 @@ def update_policy_sharded(
     gradient if any rank's rows gave it one (else it stays None, as in one process, so AdamW skips it).
     Stats are global too.
     """
-    cfg = module.cfg
-    device = batch.input_ids.device
     rank, world_size = dist.get_rank(), dist.get_world_size()
     params = [p for p in module.policy.parameters() if p.requires_grad]
     lengths = batch.attention_mask.sum(1).cpu()  # [B] tokens per row
-    minibatches = [
-        index
-        for _ in range(cfg.epochs)
-        for index in torch.randperm(batch.size, generator=generator).split(cfg.minibatch_size)
-    ]
-    totals = torch.zeros(6, dtype=torch.float64)  # loss, policy_loss, kl, entropy, clip_fraction, grad_norm
-    for index in minibatches:
-        mine = balanced_share(lengths, index, world_size, rank)
-        count = batch.loss_mask[index.to(device)].sum().clamp(min=1).item()  # the minibatch's response tokens
-        optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(5, dtype=torch.float64, device=device)  # token sums of the 5 loss terms
-        if mine.numel():
-            sums = accumulate_loss(module, batch, mine.to(device), count)
-        sums = _sum_gradients(params, sums)
-        norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
-        optimizer.step()
-        totals += torch.cat([sums.cpu() / count, norm.detach().double().cpu().view(1)])
-    means = (totals / len(minibatches)).tolist()
-    return UpdateStats(len(minibatches), *means)
+    return update_policy(
+        module,
+        optimizer,
+        batch,
+        generator,
+        rows_here=lambda index: balanced_share(lengths, index, world_size, rank),
+        sum_over_workers=lambda sums: _sum_gradients(params, sums),
+    )
 
 
 @torch.no_grad()

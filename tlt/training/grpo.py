@@ -8,6 +8,7 @@ log_softmax(logits / temperature), the distribution the engine sampled from (`Ro
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import lightning as L
@@ -335,10 +336,21 @@ def accumulate_loss(module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, de
 
 
 def update_policy(
-    module: GRPOModule, optimizer: torch.optim.Optimizer, batch: GRPOBatch, generator: torch.Generator
+    module: GRPOModule,
+    optimizer: torch.optim.Optimizer,
+    batch: GRPOBatch,
+    generator: torch.Generator,
+    rows_here: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    sum_over_workers: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> UpdateStats:
     """`cfg.epochs` passes over `batch` (old log-probs filled in); a step per shuffled minibatch, its gradient
-    accumulated over micro-batches of at most `cfg.micro_batch_tokens` padded tokens."""
+    accumulated over micro-batches of at most `cfg.micro_batch_tokens` padded tokens.
+
+    Data-parallel workers that all hold `batch` (`data_parallel.update_policy_sharded`) pass `rows_here`, the
+    rows of a minibatch this worker backpropagates, and `sum_over_workers`, which sums the parameter gradients
+    and the given loss sums ([5] float64) over the workers and returns the summed loss sums; without them this
+    process backpropagates every row.
+    """
     cfg = module.cfg
     device = batch.input_ids.device
     minibatches = [
@@ -348,9 +360,14 @@ def update_policy(
     ]
     totals = torch.zeros(6, dtype=torch.float64)  # loss, policy_loss, kl, entropy, clip_fraction, grad_norm
     for index in minibatches:
-        count = batch.loss_mask[index].sum().clamp(min=1).item()
+        count = batch.loss_mask[index].sum().clamp(min=1).item()  # the minibatch's response tokens
         optimizer.zero_grad(set_to_none=True)
-        sums = accumulate_loss(module, batch, index, count)
+        mine = index if rows_here is None else rows_here(index).to(device)
+        sums = torch.zeros(5, dtype=torch.float64, device=device)  # token sums of the 5 loss terms
+        if mine.numel():
+            sums = accumulate_loss(module, batch, mine, count)
+        if sum_over_workers is not None:
+            sums = sum_over_workers(sums)
         norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
         optimizer.step()
         totals += torch.cat([sums.cpu() / count, norm.detach().double().cpu().view(1)])
