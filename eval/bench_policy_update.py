@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import statistics
 import sys
@@ -36,7 +35,15 @@ from tlt.data.rewards import math_rewards
 from tlt.data.splits import task_mix, training_problems
 from tlt.machine import describe_machine
 from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
-from tlt.training.grpo import GRPOBatch, GRPOModule, group_advantages, make_batch, micro_batches, update_policy
+from tlt.training.grpo import (
+    GRPOBatch,
+    GRPOModule,
+    group_advantages,
+    make_batch,
+    micro_batches,
+    recompute_old_logprobs,
+    update_policy,
+)
 
 CUTS = {"fewest": 10**9, "default": GRPOConfig.micro_batch_overhead_tokens}
 
@@ -79,12 +86,8 @@ def timed_update(model, batch: GRPOBatch, cfg: GRPOConfig, seed: int) -> float:
     module = GRPOModule(copy.deepcopy(model), cfg, temperature=1.0)
     optimizer = module.configure_optimizers()
     start = time.perf_counter()
-    old = torch.zeros(batch.size, batch.input_ids.shape[1] - 1)
-    lengths = batch.attention_mask.sum(1)
-    for index in micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens):
-        chunk, _ = module.recompute(batch.rows(index))
-        old[index, : chunk.old_logprobs.shape[1]] = chunk.old_logprobs
-    update_policy(module, optimizer, dataclasses.replace(batch, old_logprobs=old), torch.Generator().manual_seed(seed))
+    batch = recompute_old_logprobs(module, batch)
+    update_policy(module, optimizer, batch, torch.Generator().manual_seed(seed))
     return time.perf_counter() - start
 
 

@@ -316,6 +316,29 @@ def micro_batches(lengths: torch.Tensor, max_tokens: int, overhead_tokens: int) 
     return groups[::-1]
 
 
+def recompute_old_logprobs(
+    module: GRPOModule,
+    batch: GRPOBatch,
+    on_chunk: Callable[[GRPOBatch, torch.Tensor], None] | None = None,
+) -> GRPOBatch:
+    """`batch` with old (and, with KL on, reference) log-probs filled in by `module.recompute`, one
+    length-sorted micro-batch at a time (`micro_batches`); `on_chunk(chunk, hidden [b, T_b, D])` sees each
+    micro-batch's forward (the trainer fills the drafter buffer from it)."""
+    cfg = module.cfg
+    old = torch.zeros(batch.size, batch.input_ids.shape[1] - 1, device=batch.input_ids.device)  # [B, T - 1]
+    ref = torch.zeros_like(old) if cfg.kl_coef > 0 else None
+    lengths = batch.attention_mask.sum(1)
+    for index in micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens):
+        chunk, hidden = module.recompute(batch.rows(index))
+        T1 = chunk.old_logprobs.shape[1]
+        old[index, :T1] = chunk.old_logprobs
+        if ref is not None:
+            ref[index, :T1] = chunk.ref_logprobs
+        if on_chunk is not None:
+            on_chunk(chunk, hidden)
+    return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref)
+
+
 def accumulate_loss(module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float) -> torch.Tensor:
     """Backpropagate token_sum(GRPO loss over `rows` of `batch`) / denominator, one length-sorted micro-batch
     at a time (`micro_batches`); the accumulated gradient is that of one forward over all the rows.

@@ -45,7 +45,7 @@ from tlt.training.grpo import (
     GRPOModule,
     group_advantages,
     make_batch,
-    micro_batches,
+    recompute_old_logprobs,
     token_mean,
     update_policy,
 )
@@ -374,22 +374,10 @@ class RLTrainer:
 
     def _recompute(self, batch: GRPOBatch) -> GRPOBatch:
         """Fill in old (and reference) log-probs in length-sorted micro-batches; hidden states -> buffer."""
-        old = torch.zeros_like(batch.sampler_logprobs)  # [B, T - 1]
-        ref = torch.zeros_like(old) if self.cfg.grpo.kl_coef > 0 else None
-        grpo = self.cfg.grpo
-        for index in micro_batches(
-            batch.attention_mask.sum(1), grpo.micro_batch_tokens, grpo.micro_batch_overhead_tokens
-        ):
-            chunk, hidden = self.module.recompute(batch.rows(index))  # hidden: [b, T_b, D]
-            T1 = chunk.old_logprobs.shape[1]
-            old[index, :T1] = chunk.old_logprobs
-            if ref is not None:
-                ref[index, :T1] = chunk.ref_logprobs
-            if self.buffer is not None:
-                self.buffer.add_from_forward(
-                    chunk.input_ids, hidden, chunk.attention_mask, chunk.response_mask, self.version
-                )
-        return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref)
+        return recompute_old_logprobs(self.module, batch, None if self.buffer is None else self._fill_buffer)
+
+    def _fill_buffer(self, chunk: GRPOBatch, hidden: torch.Tensor) -> None:
+        self.buffer.add_from_forward(chunk.input_ids, hidden, chunk.attention_mask, chunk.response_mask, self.version)
 
     def _train_drafter(self) -> list[float]:
         """Micro-step losses of this step's drafter training (none under `never` or without SD)."""
