@@ -25,7 +25,14 @@ import sys
 from pathlib import Path
 
 from tlt.models.io import atomic_write_text
-from tlt.training.compare import amdahl_bound, format_percent, format_ratio, rollout_throughput, step_seconds
+from tlt.training.compare import (
+    amdahl_bound,
+    format_percent,
+    format_ratio,
+    ratio,
+    rollout_throughput,
+    step_seconds,
+)
 
 COLUMNS = (
     "run",
@@ -58,10 +65,10 @@ def load_comparison(run_dir: str | Path) -> dict:
     steps, runs = comparison["measured_steps"], (run_dir, run_dir / "baseline")
     if comparison.get("throughput_ratio") is None:  # written before tlt reported it: from the runs' metrics
         tlt, base = (_measure(d, steps, rollout_throughput) for d in runs)
-        comparison["throughput_ratio"] = tlt / base if tlt and base else None
+        comparison["throughput_ratio"] = ratio(tlt, base)
     if comparison.get("run_ratio") is None:  # likewise: the baseline's seconds over TLT's
         tlt, base = (_measure(d, steps, _seconds) for d in runs)
-        comparison["run_ratio"] = base / tlt if tlt and base else None
+        comparison["run_ratio"] = ratio(base, tlt)
     return comparison
 
 

@@ -76,14 +76,13 @@ class Comparison:
     def throughput_ratio(self) -> float | None:
         """TLT's rollout tokens per second over the baseline's. At temperature > 0 the runs sample different
         responses and a step's rollout time follows its longest one, so this moves less than the time ratio."""
-        tlt, base = self.tlt.rollout_tokens_per_second, self.baseline.rollout_tokens_per_second
-        return tlt / base if tlt > 0 and base > 0 else None
+        return ratio(self.tlt.rollout_tokens_per_second, self.baseline.rollout_tokens_per_second)
 
     @property
     def run_ratio(self) -> float | None:
         """The baseline's summed step seconds over TLT's (the measured steps' wall time; long steps weigh
         more than in the median step ratio)."""
-        return self.baseline.total / self.tlt.total if self.tlt.total > 0 and self.baseline.total > 0 else None
+        return ratio(self.baseline.total, self.tlt.total)
 
     @property
     def rollout_share(self) -> float:
@@ -187,6 +186,13 @@ def measured_steps(history: list[dict], warmup: int) -> list[dict]:
 def amdahl_bound(rollout_share: float, rollout_speedup: float) -> float:
     """The step speedup a rollout speedup s allows at rollout share r: 1 / ((1 - r) + r / s)."""
     return 1 / ((1 - rollout_share) + rollout_share / rollout_speedup)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None when either is missing or not positive (nothing measured)."""
+    if numerator is None or denominator is None or numerator <= 0 or denominator <= 0:
+        return None
+    return numerator / denominator
 
 
 def format_percent(value: float | None) -> str:
