@@ -80,8 +80,8 @@ def gather_rows(batch: GRPOBatch) -> GRPOBatch:
     def cat(name: str) -> torch.Tensor | None:
         if parts[0][name] is None:
             return None
-        pad = width - (name in ("old_logprobs", "ref_logprobs"))  # [B, T - 1] for the log-probs
-        rows = [F.pad(p[name], (0, pad - p[name].shape[1])) if p[name].dim() == 2 else p[name] for p in parts]
+        columns = width - 1 if name.endswith("_logprobs") else width  # log-probs are [B, T - 1]
+        rows = [F.pad(p[name], (0, columns - p[name].shape[1])) if p[name].dim() == 2 else p[name] for p in parts]
         return torch.cat(rows).to(batch.input_ids.device)
 
     return GRPOBatch(**{name: cat(name) for name in GATHERED})
