@@ -54,18 +54,27 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
+def step_ratios(runs: dict[str, list[list[dict]]]) -> dict[str, list[list[float]]]:
+    """Per policy, round and step: its rollout seconds over never's at the same round and step."""
+    return {
+        policy: [
+            [
+                float(row["rollout_seconds"]) / float(base["rollout_seconds"])
+                for row, base in zip(rows, base_rows, strict=True)
+            ]
+            for rows, base_rows in zip(per_round, runs["never"], strict=True)
+        ]
+        for policy, per_round in runs.items()
+    }
+
+
 def paired_rollout_ratios(runs: dict[str, list[list[dict]]]) -> dict[str, float]:
     """Per policy: the median over rounds and steps of its rollout seconds over never's at the same round and
     step. With the engine's SD off (speculative.tuner=off) every run decodes the same rollouts, so each ratio
     compares one rollout with itself and a slow phase of the machine that hits one run shows as one round."""
-    never = runs["never"]
     return {
-        policy: statistics.median(
-            float(row["rollout_seconds"]) / float(base["rollout_seconds"])
-            for rows, base_rows in zip(per_round, never, strict=True)
-            for row, base in zip(rows, base_rows, strict=True)
-        )
-        for policy, per_round in runs.items()
+        policy: statistics.median(r for ratios in rounds for r in ratios)
+        for policy, rounds in step_ratios(runs).items()
     }
 
 
@@ -77,16 +86,7 @@ def round_order(policies: list[str], round_: int) -> list[str]:
 
 def round_ratios(runs: dict[str, list[list[dict]]]) -> dict[str, list[float]]:
     """Per policy and round: the median over steps of its rollout seconds over never's at the same step."""
-    return {
-        policy: [
-            statistics.median(
-                float(row["rollout_seconds"]) / float(base["rollout_seconds"])
-                for row, base in zip(rows, base_rows, strict=True)
-            )
-            for rows, base_rows in zip(per_round, runs["never"], strict=True)
-        ]
-        for policy, per_round in runs.items()
-    }
+    return {policy: [statistics.median(ratios) for ratios in rounds] for policy, rounds in step_ratios(runs).items()}
 
 
 def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
