@@ -6,7 +6,6 @@ import copy
 import time
 
 import torch
-import torch.distributed as dist
 
 from tlt.config import GRPOConfig
 from tlt.models.presets import build_model
@@ -19,12 +18,26 @@ GROUPS = 3  # split 2 + 1 over two ranks: uneven shards
 GRPO = GRPOConfig(lr=1e-3, minibatch_size=5, epochs=2, kl_coef=0.05, entropy_coef=0.01)
 
 
-def slow_rank0_reward(texts: list[str], golds: list[str]) -> list[float]:
-    """Rewards that vary inside a group (math rewards of a random policy are all 0); rank 0's share ends
-    0.8 s after its rollout, so rank 1 is idle while rank 0 still works on the step's rollout."""
-    if dist.is_initialized() and dist.get_rank() == 0:
-        time.sleep(0.8)
+def length_reward(texts: list[str], golds: list[str]) -> list[float]:
+    """Rewards that vary inside a group (math rewards of a random policy are all 0)."""
     return [len(t) / 100 for t in texts]
+
+
+def train_with_slow_rank0(ctx: WorkerContext, cfg) -> dict | None:
+    """One rank of a `tlt train` run (as its spawned ranks run it) where rank 0's rollout takes 0.8 s longer,
+    so rank 1 is idle while rank 0 still rolls out the step."""
+    from tlt.training.data_parallel import DistributedRLTrainer
+    from tlt.training.train import _rank_main
+
+    rollout = DistributedRLTrainer._rollout
+
+    def slow_rollout(self, problems):
+        if self.rank == 0:
+            time.sleep(0.8)
+        return rollout(self, problems)
+
+    DistributedRLTrainer._rollout = slow_rollout  # this spawned process only
+    return _rank_main(ctx, cfg, length_reward)
 
 
 def _fixed_batch():
@@ -79,11 +92,3 @@ def update_equivalence(ctx: WorkerContext, optimizer: str) -> dict:
 
 def run_equivalence(ctx: WorkerContext) -> dict:
     return {name: update_equivalence(ctx, name) for name in ("adamw", "sgd")}
-
-
-def resume_then_equivalence(ctx: WorkerContext, cfg) -> dict:
-    """Resume a 2-rank `tlt train` run as its spawned ranks do, then the update equivalence (one launch)."""
-    from tlt.training.train import _rank_main
-
-    summary = _rank_main(ctx, cfg, slow_rank0_reward)
-    return {"summary": summary, "equivalence": run_equivalence(ctx)}

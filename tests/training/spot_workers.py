@@ -1,6 +1,6 @@
 """Worker functions for test_spot.py, at module level so spawned children can import them.
 
-`run_scenarios` runs four scenarios in one launch (process start-up dominates the cost), each with its own
+`run_scenarios` runs its scenarios in one launch (process start-up dominates the cost), each with its own
 store prefix and a fresh SpotWorker, and returns plain data for the parent to check.
 """
 
@@ -125,6 +125,27 @@ def capped_step(ctx: WorkerContext, head, buffer) -> dict:
     return {"result": worker.run_step(rollout), "budget": stepper.budget()}
 
 
+def prepare_step(ctx: WorkerContext, head, buffer) -> dict:
+    """Rank 1 rolls out until rank 0 has trained 2 micro-steps, then prepares (its recompute) for 0.5 s,
+    long enough for dozens more micro-steps of this head, and records rank 0's progress around that."""
+    store = dist.PrefixStore("s6", ctx.store)
+    worker = SpotWorker(RecordingStepper(head, buffer, store), store, IdleScheduler("spot", ctx.world_size))
+
+    def rollout() -> int:
+        while ctx.rank == 1 and worker.progress(0) < 2:
+            time.sleep(0.001)
+        return ctx.rank
+
+    def prepare(rank: int) -> dict:
+        seen = {"rank": rank, "before": worker.progress(0)}
+        if rank == 1:
+            time.sleep(0.5)
+        seen["after"] = worker.progress(0)
+        return seen
+
+    return {"result": worker.run_step(rollout, prepare)}
+
+
 def run_scenarios(ctx: WorkerContext) -> dict:
     head, buffer = build_head(), build_buffer(ctx.rank)
     out = {"average": exact_average(ctx)}
@@ -133,4 +154,5 @@ def run_scenarios(ctx: WorkerContext) -> dict:
     out["between_fail"] = spot_step(ctx, head, buffer, 2, "between_steps", "s3")
     out["never"] = spot_step(ctx, head, buffer, None, "never", "s4")
     out["capped"] = capped_step(ctx, head, buffer)
+    out["prepare"] = prepare_step(ctx, head, buffer)
     return out

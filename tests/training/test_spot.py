@@ -78,6 +78,15 @@ def test_micro_steps_per_rl_step_are_capped_at_the_buffers_epochs(runs):
     assert r0["result"].stats.idle_seconds > r0["result"].stats.train_seconds + 0.2  # idle time was left over
 
 
+def test_no_rank_trains_during_the_last_ranks_local_work(runs):
+    """The step's rollout ends with the last rank's generation: its recompute (`prepare`) runs alone."""
+    early, late = (r["prepare"]["result"] for r in runs)
+    assert early.rollout["rank"] == 0 and late.rollout["rank"] == 1  # prepare's result is the rollout's
+    assert late.rollout["before"] >= 2
+    assert late.rollout["after"] - late.rollout["before"] <= 1  # at most the micro-step in flight ends
+    assert early.stats.micro_steps == late.rollout["after"] and early.weights == [early.stats.micro_steps, 0]
+
+
 def test_budget_grows_with_the_buffer():
     buffer = spot_workers.build_buffer(0)  # 57 tokens
     cfg = spot_workers.CAPPED

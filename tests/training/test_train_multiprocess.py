@@ -21,22 +21,27 @@ from tlt.training.train import run_train
 
 @pytest.fixture(scope="module")
 def two_steps(config, tmp_path_factory):  # noqa: F811
-    """A 2-rank, 2-step run spawned by `run_train` (as `tlt train ... train.devices=2` does); rank 0's share
-    takes 0.8 s longer (its reward function sleeps)."""
+    """A 2-rank, 2-step run of the ranks' own entry point (as `tlt train ... train.devices=2` spawns them);
+    rank 0's rollout takes 0.8 s longer."""
     out = tmp_path_factory.mktemp("dp") / "run"
     cfg = load_config(config, ["train.devices=2", "grpo.steps=2", f"output_dir={out}"])
-    summary = run_train(cfg, reward_fn=dp_workers.slow_rank0_reward)
+    summaries = launch_cpu(dp_workers.train_with_slow_rank0, 2, cfg, timeout_s=80)
     shutil.copytree(out, out.parent / "after-2-steps")  # `resumed` continues `out`
-    return out.parent / "after-2-steps", summary
+    return out.parent / "after-2-steps", summaries
 
 
 @pytest.fixture(scope="module")
 def resumed(config, two_steps):  # noqa: F811
-    """The same run resumed to 3 steps by the ranks' own entry point, then the update-equivalence check, in
-    one launch of 2 processes."""
+    """The same run resumed to 3 steps by `run_train`, which spawns the ranks as `tlt train` does."""
     out = two_steps[0].parent / "run"
     cfg = load_config(config, ["train.devices=2", "grpo.steps=3", f"output_dir={out}"])
-    return out, launch_cpu(dp_workers.resume_then_equivalence, 2, cfg, timeout_s=80)
+    return out, run_train(cfg, reward_fn=dp_workers.length_reward)
+
+
+@pytest.fixture(scope="module")
+def equivalence():
+    """Per rank, the sharded update against one process's (`dp_workers.run_equivalence`)."""
+    return launch_cpu(dp_workers.run_equivalence, 2, timeout_s=60)
 
 
 def _metrics(out) -> list[dict]:
@@ -44,7 +49,8 @@ def _metrics(out) -> list[dict]:
 
 
 def test_ranks_end_identical_and_rank_0_logs_once_per_step(two_steps):
-    out, summary = two_steps
+    out, (summary, other) = two_steps
+    assert other is None  # rank 1 neither logs nor summarises
     assert summary["devices"] == 2 and summary["replicas_identical"] and summary["steps"] == 2
     rows = [line.split(",") for line in (out / "metrics.csv").read_text().splitlines()]
     assert rows[0] == COLUMNS and [r[0] for r in rows[1:]] == ["0", "1"]
@@ -72,9 +78,7 @@ def test_the_early_rank_trains_the_drafter_during_the_other_ranks_rollout(two_st
 
 
 def test_resume_restores_every_rank(resumed):
-    out, resumed = resumed
-    summary = resumed[0]["summary"]
-    assert resumed[1]["summary"] is None  # rank 1 neither logs nor summarises
+    out, summary = resumed
     assert summary["steps"] == 3 and summary["replicas_identical"]
     rows = (out / "metrics.csv").read_text().splitlines()
     assert [r.split(",")[0] for r in rows[1:]] == ["0", "1", "2"]
@@ -84,8 +88,8 @@ def test_resume_restores_every_rank(resumed):
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_sharded_update_equals_one_process(resumed, optimizer):
-    a, b = (r["equivalence"][optimizer] for r in resumed[1])
+def test_sharded_update_equals_one_process(equivalence, optimizer):
+    a, b = (r[optimizer] for r in equivalence)
     single = a["single"]
     assert a["rows"] == list(range(8)) and b["rows"] == list(range(8, 12))  # uneven shards, whole groups
     assert torch.equal(a["params"], b["params"])  # every rank takes the same step

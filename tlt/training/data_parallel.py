@@ -8,7 +8,8 @@ Per RL step, every rank of the default process group (`DistributedRLTrainer.step
    sampling seed; then, still alone, computes its samples' rewards and group advantages and recomputes
    pi_old and the hidden states of its rows, which fill its own drafter buffer;
 2. trains its drafter replica in idle time (`SpotWorker`): under `scheduler.policy=spot` a rank whose share
-   is done trains until every rank's share is done; `between_steps` trains the budget after that; `never`
+   (rollout and local work) is done trains until every rank's rollout is done (the last rank's recompute
+   runs alone); `between_steps` trains the budget after that; `never`
    (or SD off) only waits. The wait goes through the store, so no collective sits behind a long rollout.
    The replicas are then reconciled (step-weighted average): every rank holds the same drafter;
 3. updates the policy data-parallel (`update_policy_sharded`): the ranks' rows are all-gathered
@@ -25,11 +26,12 @@ Per RL step, every rank of the default process group (`DistributedRLTrainer.step
 Metrics of a multi-process step: sample statistics (reward, lengths, accept length, log-prob gap, buffer
 samples) are over all ranks' samples; `rollout_seconds` is the slowest rank's generate, `train_seconds`
 the slowest rank's rewards + recompute plus the slowest policy update, `drafter_seconds` the drafter time
-outside the rollout wait (the last rank's wait for reconciliation: preemption under `spot`, the budget
-under `between_steps`), `push_seconds` the slowest push. `drafter_steps` counts the micro-steps of all
-ranks that entered the reconciled drafter, `spot_steps` those run while another rank still rolled out;
-`idle_seconds` sums each rank's wait from its own share's end to the last one's, `idle_train_seconds` the
-part of it spent training the drafter.
+outside the rollout wait (the last rank's wait for reconciliation after its share: under `spot` what is
+left of the other ranks' preemption once its recompute is done, under `between_steps` the budget),
+`push_seconds` the slowest push. `drafter_steps` counts the micro-steps of all ranks that entered the
+reconciled drafter, `spot_steps` those run while another rank still rolled out; `idle_seconds` sums each
+rank's wait from its own share's end to the end of the step's rollout (under `spot`: of every rank's
+generation; otherwise of every rank's share), `idle_train_seconds` the part of it spent training the drafter.
 """
 
 from __future__ import annotations
@@ -177,6 +179,17 @@ class _LossRecorder:
 
 
 @dataclass
+class _Generated:
+    """One rank's rollout share, before its local work."""
+
+    problems: list[MathProblem]
+    rollouts: list[Rollout]
+    decode: list[float]  # see _Share
+    start: float  # clock at the start of the step
+    end: float  # clock at the end of the generation
+
+
+@dataclass
 class _Share:
     """One rank's part of a step before the collectives."""
 
@@ -223,12 +236,13 @@ class DistributedRLTrainer(RLTrainer):
         first, count = shard(len(problems), self.rank, self.world_size)
         start = self._clock()
         spot = None
+        mine = problems[first : first + count]
         if self.spot is None:
-            share = self._share(problems[first : first + count], start)
+            share = self._prepare(self._generate(mine, start))
             idle = self._wait_for_all()
         else:
             self.recorder.losses.clear()
-            spot = self.spot.run_step(lambda: self._share(problems[first : first + count], start))
+            spot = self.spot.run_step(lambda: self._generate(mine, start), self._prepare)
             share, idle = spot.rollout, spot.stats.idle_seconds
         reconciled = self._clock()
         update = update_policy_sharded(self.module, self.optimizer, gather_rows(share.batch), self.generator)
@@ -278,15 +292,17 @@ class DistributedRLTrainer(RLTrainer):
         """Each rank samples its share from its own stream (at N = 1 the single-process seed)."""
         return super()._rollout_seed() * self.world_size + self.rank
 
-    def _share(self, problems: list[MathProblem], start: float) -> _Share:
-        """Rollout, rewards, advantages, recompute and buffer fill of this rank's problems; no collective."""
+    def _generate(self, problems: list[MathProblem], start: float) -> _Generated:
+        """This rank's rollout share; no collective."""
         rollouts = self._rollout(problems)
-        decode = _decode_sums(self.engine.step_stats)
-        generated = self._clock()
-        rewards = self._rewards(rollouts, problems)
-        batch = self._recompute(self._batch(rollouts, rewards))
+        return _Generated(problems, rollouts, _decode_sums(self.engine.step_stats), start, self._clock())
+
+    def _prepare(self, gen: _Generated) -> _Share:
+        """Rewards, advantages, recompute and buffer fill of this rank's rollouts; no collective."""
+        rewards = self._rewards(gen.rollouts, gen.problems)
+        batch = self._recompute(self._batch(gen.rollouts, rewards))
         end = self._clock()
-        return _Share(rollouts, rewards, batch, decode, generated - start, end - generated, end)
+        return _Share(gen.rollouts, rewards, batch, gen.decode, gen.end - gen.start, end - gen.end, end)
 
     def _wait_for_all(self) -> float:
         """Count this rank's share done in the store and poll until every rank's is; returns the seconds

@@ -5,12 +5,16 @@ the drafter until the rollout has ended on every rank. Per RL step, on every ran
 
 1. its rollout share (a callable); a rank still rolling out never trains, so training never delays it;
 2. it counts itself done in a shared `torch.distributed.Store`; the last rank to finish sets the step's
-   "all done" flag;
-3. while the `IdleScheduler` allows, one drafter micro-step, then a poll of the flag. Under `spot` the
+   "all done" flag: the step's rollout has ended;
+3. its local work on the share (`prepare`: rewards, recompute of pi_old and the hidden states that fill the
+   drafter buffer), after the count, so the last rank's own recompute is not counted as rollout and no rank
+   trains the drafter while it runs (on a CPU the two would share memory bandwidth), and a preempted
+   micro-step ends while that recompute runs;
+4. while the `IdleScheduler` allows, one drafter micro-step, then a poll of the flag. Under `spot` the
    flag is also polled between the micro-step's chunks of `drafter.preempt_tokens`, and a raised flag ends
    the micro-step early (it steps on the chunks done): preemption waits for at most one chunk
    (`between_steps` waits for the flag, then trains its budget of whole micro-steps);
-4. reconciliation (collective): ranks agree on (micro-steps, failed) per rank, then the trainable head
+5. reconciliation (collective): ranks agree on (micro-steps, failed) per rank, then the trainable head
    parameters become the step-weighted average, sum_r steps_r * theta_r / sum_r steps_r (all_reduce of
    theta * steps), so every rank ends with the same drafter. A rank whose micro-step raised falls back to the
    drafter it had before the step and contributes weight 0; with no successful step anywhere the previous
@@ -142,13 +146,18 @@ class SpotWorker:
             raise ValueError(f"scheduler has {scheduler.num_workers} workers, the process group {self.world_size}")
         self.step = 0  # RL steps run so far (the same on every rank)
 
-    def run_step(self, rollout: Callable[[], Any]) -> SpotResult:
-        """This rank's rollout share, drafter training in its idle time, then reconciliation (collective)."""
+    def run_step(self, rollout: Callable[[], Any], prepare: Callable[[Any], Any] | None = None) -> SpotResult:
+        """This rank's rollout share, its local work, drafter training in its idle time, then reconciliation
+        (collective). `prepare(rollout())` (identity by default) runs after this rank has counted its
+        rollout done; `SpotResult.rollout` is what it returns."""
         params = list(self.stepper.head.parameters())
         for r in range(self.world_size):  # the step starts for everyone at the previous sync point
             self.scheduler.worker_started(r)
         previous = _flatten(params)  # [P] a copy of this rank's drafter before the step
         out = rollout()
+        self._count_done()
+        if prepare is not None:
+            out = prepare(out)
         self._finish()
         error = self._train()
         if error is not None:
@@ -169,12 +178,15 @@ class SpotWorker:
     def _key(self, name: str) -> str:
         return f"spot/{self.step}/{name}"
 
-    def _finish(self) -> None:
-        """Count this rank done; the last one raises the step's "all done" flag."""
-        self.scheduler.worker_finished(self.rank)
+    def _count_done(self) -> None:
+        """Count this rank's rollout done; the last one raises the step's "all done" flag."""
         if self.store.add(self._key("done"), 1) == self.world_size:
             self.store.set(self._key("all"), "1")
-            self._all_finished()
+
+    def _finish(self) -> None:
+        """This rank is idle from now (its share and local work are done); the others may be too."""
+        self.scheduler.worker_finished(self.rank)
+        self._poll(block=False)
 
     def _poll(self, block: bool) -> None:
         """Mark every rank finished once the flag is up (block: wait for it)."""
