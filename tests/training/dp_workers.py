@@ -85,9 +85,20 @@ def update_equivalence(ctx: WorkerContext, optimizer: str) -> dict:
     rows = torch.arange(first * G, (first + count) * G)
     generator = torch.Generator().manual_seed(7)
     opt = _optimizer(module, optimizer)
-    stats = update_policy_sharded(module, opt, gather_rows(full.rows(rows)), generator)
+    mine = full.rows(rows)  # trimmed to this share's longest row: the ranks' widths differ
+    gathered = gather_rows(mine)
+    stats = update_policy_sharded(module, opt, gathered, generator)
     after = _flat(module.policy)
-    return {"start": start, "params": after, "stats": stats, "single": single, "rows": rows.tolist()}
+    return {
+        "start": start,
+        "params": after,
+        "stats": stats,
+        "single": single,
+        "rows": rows.tolist(),
+        "width": mine.input_ids.shape[1],
+        "full": full,
+        "gathered": gathered,
+    }
 
 
 def run_equivalence(ctx: WorkerContext) -> dict:

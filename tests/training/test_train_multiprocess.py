@@ -101,6 +101,20 @@ def test_sharded_update_equals_one_process(equivalence, optimizer):
         assert getattr(a["stats"], key) == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
 
+def test_gather_rows_rebuilds_the_global_batch_from_uneven_shares(equivalence):
+    a, b = (r["adamw"] for r in equivalence)
+    full, gathered = a["full"], a["gathered"]
+    assert a["width"] != b["width"]  # each share was trimmed to its own longest row
+    for name in ("input_ids", "attention_mask", "response_mask", "advantages"):
+        assert getattr(gathered, name).dtype == getattr(full, name).dtype
+        assert torch.equal(getattr(gathered, name), getattr(full, name)), name
+    mask = full.loss_mask
+    for name in ("old_logprobs", "ref_logprobs"):  # equal where they are used; zeros past a share's width
+        assert torch.equal(getattr(gathered, name)[mask], getattr(full, name)[mask]), name
+    assert gathered.sampler_logprobs is None
+    assert all(torch.equal(getattr(gathered, f), getattr(b["gathered"], f)) for f in ("input_ids", "old_logprobs"))
+
+
 def test_balanced_share_deals_each_row_once_and_evens_the_tokens():
     lengths = torch.tensor([500, 40, 60, 50, 45, 55, 300, 35])  # a long tail: rows 0 and 6
     index = torch.tensor([6, 0, 1, 2, 3, 4, 5, 7])

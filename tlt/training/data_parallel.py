@@ -73,18 +73,34 @@ def shard(num_prompts: int, rank: int, world_size: int) -> tuple[int, int]:
 
 def gather_rows(batch: GRPOBatch) -> GRPOBatch:
     """Every rank's rows of the step in rank order, right-padded to the longest, on every rank (collective).
-    Old and reference log-probs come along; the engine's (diagnostics only) do not."""
-    mine = {f: getattr(batch, f) for f in GATHERED}
-    parts: list[dict] = [{} for _ in range(dist.get_world_size())]
-    dist.all_gather_object(parts, {k: None if v is None else v.cpu() for k, v in mine.items()})
-    width = max(p["input_ids"].shape[1] for p in parts)
+    Old and reference log-probs come along; the engine's (diagnostics only) do not.
+
+    Tensor collectives on the batch's device (gloo on CPU, nccl on GPUs): the ranks first exchange their
+    (rows, width), then all_gather each field zero-padded to the largest share, and keep each rank's own rows.
+    """
+    world_size = dist.get_world_size()
+    device = batch.input_ids.device
+    shape = torch.tensor(batch.input_ids.shape, dtype=torch.long, device=device)  # [2] rows, width
+    shapes = [torch.empty_like(shape) for _ in range(world_size)]
+    dist.all_gather(shapes, shape)
+    rows = [int(s[0]) for s in shapes]
+    most, width = max(rows), max(int(s[1]) for s in shapes)
 
     def cat(name: str) -> torch.Tensor | None:
-        if parts[0][name] is None:
+        mine = getattr(batch, name)
+        if mine is None:  # the same on every rank: one config decides
             return None
+        flag = mine.dtype == torch.bool  # moved as uint8: not every backend reduces or gathers bool
+        mine = mine.to(torch.uint8) if flag else mine
         columns = width - 1 if name.endswith("_logprobs") else width  # log-probs are [B, T - 1]
-        rows = [F.pad(p[name], (0, columns - p[name].shape[1])) if p[name].dim() == 2 else p[name] for p in parts]
-        return torch.cat(rows).to(batch.input_ids.device)
+        padding = (
+            (0, columns - mine.shape[1], 0, most - mine.shape[0]) if mine.dim() == 2 else (0, most - mine.shape[0])
+        )
+        padded = F.pad(mine, padding).contiguous()
+        parts = [torch.empty_like(padded) for _ in range(world_size)]
+        dist.all_gather(parts, padded)
+        out = torch.cat([part[:n] for part, n in zip(parts, rows, strict=True)])
+        return out.bool() if flag else out
 
     return GRPOBatch(**{name: cat(name) for name in GATHERED})
 
