@@ -200,7 +200,9 @@ class DrafterConfig:
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
     lr: float = 1e-3
     batch_tokens: int = 4096  # real tokens sampled per drafter micro-step (a longer sample goes alone)
-    preempt_tokens: int = 1024  # spot: a micro-step runs in chunks of about this many tokens, preemptible between
+    # spot: a micro-step runs in chunks of about this many tokens, preemptible between them; small chunks keep
+    # the trainer's activations (tokens x vocab logits) out of the cache the decoding ranks share on a CPU
+    preempt_tokens: int = 256
     max_epochs_per_step: float = 2.0  # micro-steps per RL step at most this many passes over the buffer's tokens
     online_warmup_steps: int = 20  # online training: linear learning-rate warm-up over this many micro-steps
     packing: bool = True  # pack samples into rows, per-document attention (False: pad each to the longest)
