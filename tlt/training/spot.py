@@ -158,7 +158,7 @@ class SpotWorker:
         self._count_done()
         if prepare is not None:
             out = prepare(out)
-        self._finish()
+        self.scheduler.worker_finished(self.rank)  # idle from now; `_train` polls the other ranks' flag first
         error = self._train()
         if error is not None:
             log.warning("rank %d: drafter micro-step failed, keeping the previous drafter:\n%s", self.rank, error)
@@ -182,11 +182,6 @@ class SpotWorker:
         """Count this rank's rollout done; the last one raises the step's "all done" flag."""
         if self.store.add(self._key("done"), 1) == self.world_size:
             self.store.set(self._key("all"), "1")
-
-    def _finish(self) -> None:
-        """This rank is idle from now (its share and local work are done); the others may be too."""
-        self.scheduler.worker_finished(self.rank)
-        self._poll(block=False)
 
     def _poll(self, block: bool) -> None:
         """Mark every rank finished once the flag is up (block: wait for it)."""
