@@ -207,3 +207,20 @@ def test_exploration_skips_arms_predicted_far_slower(sim):
 def test_explore_ratio_is_validated():
     with pytest.raises(ValueError, match="explore_ratio"):
         CostModelTuner(STRATEGIES, explore_ratio=1.5)
+
+
+def test_cached_predictions_choose_as_a_fresh_tuner_would(sim):
+    """A tuner that has cached its predictions for thousands of steps picks, at every step, what a copy rebuilt
+    from its state (nothing cached) picks: arms updated, batch sizes revisited, acceptance samples expiring."""
+    tuner = CostModelTuner(STRATEGIES, seed=3, acceptance_horizon=40, acceptance_window=8, epsilon=0.3)
+    env = sim.Env(seed=9, acceptance=0.6)
+    batches = [b for _ in range(6) for b in (*range(48, 0, -3), 1, 1, 1, 2, 2, 5, 64)]
+    for b in batches:
+        fresh = CostModelTuner(STRATEGIES, seed=0, acceptance_horizon=40, acceptance_window=8, epsilon=0.3)
+        fresh.load_state_dict(tuner.state_dict())
+        for arm in tuner.arms:
+            for size in (1, 2, b, 64):
+                assert tuner.predicted_tokens_per_second(arm, size) == fresh.predicted_tokens_per_second(arm, size)
+        arm = tuner.select(b)
+        assert fresh.select(b) == arm
+        tuner.update(arm, b, *env.step(arm, b))

@@ -20,6 +20,9 @@ predicted at least `explore_ratio` times as fast as the best here (exploring an 
 this batch size only burns time). Acceptance samples older than `acceptance_horizon` tuner steps are dropped
 and an SD arm left with fewer than `min_pulls` fresh ones over all batch sizes is forced again, so acceptance
 drift of the arms not being played is noticed too.
+
+Predictions are cached per (arm, batch size) and recomputed only when that arm was updated or one of the
+acceptance samples they used has grown stale, so a decode step that plays one arm refits one arm, not all.
 """
 
 from __future__ import annotations
@@ -62,8 +65,11 @@ class LinearCost:
             self.sums = [math.fsum(term(b, t) for b, t in self.points) for term in _TERMS]
 
     def _add(self, b: int, t: float, sign: float) -> None:
-        for i, term in enumerate(_TERMS):
-            self.sums[i] += sign * term(b, t)
+        sums = self.sums  # the _TERMS, written out: this runs on every decode step
+        sums[0] += sign * b
+        sums[1] += sign * t
+        sums[2] += sign * b * b
+        sums[3] += sign * b * t
 
     def predict(self, batch_size: int) -> float | None:
         """Predicted seconds at this batch size; None without data. Slope and intercept are kept >= 0."""
@@ -124,6 +130,11 @@ class RecentAcceptance:
         while self.steps and self.steps[0][0] <= now - self.horizon:
             self._drop()
 
+    @property
+    def stale_at(self) -> float:
+        """The tuner step at which the oldest sample here expires; infinity when empty."""
+        return self.steps[0][0] + self.horizon if self.steps else math.inf
+
     def _drop(self) -> None:
         _, accepted, rows = self.steps.popleft()
         self.accepted -= accepted
@@ -140,6 +151,9 @@ class RecentAcceptance:
         self.steps = deque((tuple(int(v) for v in step) for step in state), maxlen=self.steps.maxlen)
         self.accepted = sum(step[1] for step in self.steps)
         self.rows = sum(step[2] for step in self.steps)
+
+
+_MAX_CACHED = 1 << 14  # cached (arm, batch size) predictions before the cache starts over
 
 
 def _octave(batch_size: int) -> int:
@@ -205,6 +219,12 @@ class CostModelTuner(StrategyTuner):
         self.acceptance = [RecentAcceptance(acceptance_window, acceptance_horizon) for _ in self.arms]
         self.steps = 0
         self.rng = random.Random(seed)
+        self._clear_predictions()
+
+    def _clear_predictions(self) -> None:
+        """Forget cached predictions; `_versions[arm]` counts the updates each one was computed after."""
+        self._versions = [0] * len(self.arms)
+        self._predictions: dict[tuple[int, int], tuple[int, float, float | None]] = {}
 
     @property
     def epsilon(self) -> float:
@@ -220,21 +240,38 @@ class CostModelTuner(StrategyTuner):
         return self._predict(self.arms.index(strategy), batch_size)
 
     def _predict(self, index: int, batch_size: int) -> float | None:
+        """`_fresh_prediction`, cached until the arm is updated or an acceptance sample it used expires."""
+        key = (index, batch_size)
+        cached = self._predictions.get(key)
+        if cached is not None and cached[0] == self._versions[index] and self.steps < cached[1]:
+            return cached[2]
+        if len(self._predictions) >= _MAX_CACHED:
+            self._predictions.clear()
+        rate, stale_at = self._fresh_prediction(index, batch_size)
+        self._predictions[key] = (self._versions[index], stale_at, rate)
+        return rate
+
+    def _fresh_prediction(self, index: int, batch_size: int) -> tuple[float | None, float]:
+        """(predicted tokens/s or None without data, tuner step at which an acceptance sample used expires)."""
         near = _near_octaves(batch_size)
         seconds = fit_line(self.costs[index][near], batch_size)
         if seconds is None:
-            return None
-        accepted = self._accepted_per_row(index, near) if self.arms[index] is not None else 0.0
-        return batch_size * (1.0 + accepted) / seconds
+            return None, math.inf
+        if self.arms[index] is None:
+            return batch_size / seconds, math.inf
+        accepted, stale_at = self._accepted_per_row(index, near)
+        return batch_size * (1.0 + accepted) / seconds, stale_at
 
-    def _accepted_per_row(self, index: int, near: slice) -> float:
-        """Mean accepted draft tokens per row near this batch size, or over all sizes while that is thin."""
+    def _accepted_per_row(self, index: int, near: slice) -> tuple[float, float]:
+        """Mean accepted draft tokens per row near this batch size, or over all sizes while that is thin,
+        and the tuner step at which the oldest sample that could change it expires."""
         local = self.local_acceptance[index][near]
         for acceptance in local:
             acceptance.expire(self.steps)
+        stale_at = min(a.stale_at for a in (*local, self.acceptance[index]))
         if sum(len(a.steps) for a in local) >= self.options["min_pulls"]:
-            return sum(a.accepted for a in local) / sum(a.rows for a in local)
-        return self.acceptance[index].mean
+            return sum(a.accepted for a in local) / sum(a.rows for a in local), stale_at
+        return self.acceptance[index].mean, stale_at
 
     def select(self, batch_size: int) -> SpecStrategy | None:
         check_batch_size(batch_size)
@@ -275,6 +312,7 @@ class CostModelTuner(StrategyTuner):
             self.local_acceptance[index][octave].push(self.steps, accepted, batch_size)
         self.pulls_per_octave[index][octave] += 1
         self.steps += 1
+        self._versions[index] += 1
 
     def _grow(self, index: int, octave: int) -> None:
         """Per-octave statistics of one arm up to `octave`."""
@@ -303,6 +341,7 @@ class CostModelTuner(StrategyTuner):
         check_state(state, self.kind, self._config())
         set_rng_state(self.rng, state["rng"])
         self.steps = int(state["steps"])
+        self._clear_predictions()
         self.pulls_per_octave = [[] for _ in self.arms]
         self.costs, self.local_acceptance = [[] for _ in self.arms], [[] for _ in self.arms]
         for index, pulls in enumerate(state["pulls_per_octave"]):
