@@ -1,7 +1,7 @@
 """Adaptive rollout benchmark: long-tail rollout wall time with each SD tuner, side by side in one process.
 
 Configurations (same target, drafter, prompts, seeds):
-  sd-never        plain decoding throughout (OffTuner)
+  sd-never        plain decoding throughout, no drafter attached (what an RL run with TLT off decodes)
   always-<s>      SD with strategy s on every step, whatever the batch size (one per strategy)
   reference       the reference code's scheme: SD only at <= 32 running sequences, one fixed strategy per
                   batch-size bucket [1], [2-4], [5-20], [21+] chosen greedily (BEG with epsilon 0)
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, tuner in tuners(strategies, args.seed).items():
         if wanted and name not in wanted and name != "sd-never":
             continue
-        drafter = load_drafter(args.drafter) if args.drafter else NgramDrafter()
+        drafter = None if name == "sd-never" else load_drafter(args.drafter) if args.drafter else NgramDrafter()
         engines[name] = NativeEngine(
             model,
             tokenizer.eos_token_id,

@@ -190,6 +190,40 @@ def test_keep_selects_rows(target):
     assert kept.parents.tolist() == full.parents[[2, 0]].tolist()
 
 
+def test_keep_before_the_first_propose_drops_rows_never_consumed(target):
+    """Rows dropped while their prompt and pairs still wait in the buffer: the survivors draft exactly as in a
+    drafter that consumed everything, across several keeps and appends in between."""
+    tokens, hidden = _sequences(target, B=4)
+    s = SpecStrategy.parse("3_2_6")
+    full = _sharp(target, 5)
+    _drive(full, tokens, hidden, [4, 2, 5, 3], [[1, 1, 1, 1], [2, 1, 1, 1]])
+    expected = full.propose(s)
+    lazy = _sharp(target, 5)
+    _drive(lazy, tokens, hidden, [4, 2, 5, 3], [[1, 1, 1, 1]])
+    lazy.keep(torch.tensor([0, 2, 3]))
+    rows = torch.arange(3)[:, None]
+    idx = torch.tensor([[5], [6], [4]])  # each kept row's next token: its prompt length + 1
+    lazy.append(
+        tokens[[0, 2, 3]][rows, idx.expand(3, 2) + torch.arange(2)],
+        hidden[[0, 2, 3]][rows, idx - 1 + torch.arange(2)],
+        torch.tensor([2, 1, 1]),
+    )
+    lazy.keep(torch.tensor([2, 0]))
+    kept = lazy.propose(s)
+    assert kept.tokens.tolist() == expected.tokens[[3, 0]].tolist()
+    assert kept.parents.tolist() == expected.parents[[3, 0]].tolist()
+
+
+def test_flush_every_bounds_the_buffer_across_keeps(target):
+    tokens, hidden = _sequences(target, B=3)
+    drafter = _sharp(target, 5, flush_every=3)
+    _drive(drafter, tokens, hidden, [4, 2, 5], [[1, 1, 1], [1, 1, 1]])
+    drafter.keep(torch.tensor([0, 2]))
+    assert drafter.prompts is not None and len(drafter.pending) == 1  # merged into one block to index
+    drafter.append(tokens[[0, 2], 6:7], hidden[[0, 2], 5:6], torch.tensor([1, 1]))
+    assert drafter.prompts is None and drafter.pending == []  # the third append flushed
+
+
 def test_start_deduplicates_forked_prompts(target):
     tokens, hidden = _sequences(target, B=2)
     forked = torch.tensor([0, 0, 1, 1, 0])

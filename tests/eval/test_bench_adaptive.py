@@ -71,6 +71,7 @@ def test_smoke_run_writes_report_and_plot(tmp_path, bench_target):
     assert main(argv) == 0
     report = json.loads((out / "adaptive.json").read_text())
     assert set(report["results"]) == {"sd-never", "always-2_1_3", "adaptive-cost"}
+    assert report["results"]["sd-never"]["tuner_us_per_step"] == 0  # no drafter: plain decoding, tuner never asked
     assert (out / "adaptive_decisions.png").stat().st_size > 1000
     assert "speedup vs sd-never" in (out / "adaptive.md").read_text()
 

@@ -5,10 +5,12 @@ position i; after the pairs of the T + 1 committed tokens x_0..x_T it holds T en
 newest pair, h'_T, gives the first draft level (EAGLE: the target's h_T is not known yet). Pairs delivered by
 `append` are buffered and consumed in one forward by the next `propose` (or every `flush_every` appends, a
 bound on the buffer's memory), so plain decoding steps cost the drafter only the buffering, and rows that finish
-before the next `propose` are never consumed. (With flush_every = 32 a rollout that never speculated took 8%
-longer than plain decoding on the tiny policy, with 256 4%: the periodic catch-up forwards were the
-difference.) Draft nodes are written past the committed entries and never advance the cache length, so
-anything speculative is discarded by construction.
+before the next `propose` are never consumed. The prompts wait the same way: `start` keeps one copy of each
+distinct prompt and the first flush consumes those of the rows still running, so a rollout that never
+speculates never runs the head. (With flush_every = 32 a rollout that never speculated took 8% longer than
+plain decoding on the tiny policy, with 256 4%: the periodic catch-up forwards were the difference.) Draft
+nodes are written past the committed entries and never advance the cache length, so anything speculative is
+discarded by construction.
 
 Tree drafting follows EAGLE-2 (https://arxiv.org/abs/2406.16858): each level feeds the top-k frontier nodes
 (by cumulative log-prob) in one forward under tree attention, each gets top-k children, and the N - 1 best of
@@ -52,7 +54,9 @@ class EagleDrafter(Drafter):
         self.cache_lens: torch.Tensor | None = None  # [B] consumed pairs per row
         self.last_token: torch.Tensor | None = None  # [B] x_T, the root of the next tree
         self.feature: torch.Tensor | None = None  # [B, D] h'_T predicted at the newest consumed pair
-        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, hidden, counts)
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, hidden, valid)
+        self.prompts: _Prompts | None = None  # start()'s distinct prompts, until the first flush consumes them
+        self.appends = 0  # append() calls buffered since the last flush: flush_every bounds them
 
     @classmethod
     def from_target(cls, target: torch.nn.Module, seed: int = 0) -> EagleDrafter:
@@ -97,58 +101,74 @@ class EagleDrafter(Drafter):
 
     # ---- state -------------------------------------------------------------------------------------------
 
-    @torch.inference_mode()
     def start(self, tokens: torch.Tensor, hidden: torch.Tensor | None, lengths: torch.Tensor) -> None:
-        """Consume the prompts' pairs, once per distinct prompt (the engine forks each prompt into n rows)."""
+        """Keep each distinct prompt once (the engine forks each prompt into n rows) for the first flush."""
         if hidden is None:
             raise ValueError("the EAGLE drafter needs the target's hidden states (uses_target_hidden=True)")
-        B, T = tokens.shape
+        B = tokens.shape[0]
         key = torch.cat([lengths[:, None], tokens], dim=1)  # [B, 1 + T]
         unique, inverse = torch.unique(key, dim=0, return_inverse=True)
         first = torch.full((unique.shape[0],), B, device=tokens.device).scatter_reduce(
             0, inverse, torch.arange(B, device=tokens.device), "amin"
         )  # [U] a row holding each distinct prompt
-        U, cfg = first.shape[0], self.config
+        self.prompts = _Prompts(tokens[first], hidden[first], lengths[first], row_prompt=inverse)
+        self.k = self.v = self.cache_lens = self.feature = None
+        self.pending, self.appends = [], 0
+        self.last_token = tokens.gather(1, (lengths - 1)[:, None]).squeeze(1)
+
+    def append(self, tokens: torch.Tensor, prev_hidden: torch.Tensor | None, counts: torch.Tensor) -> None:
+        if prev_hidden is None:
+            raise ValueError("the EAGLE drafter needs the target's hidden states (uses_target_hidden=True)")
+        valid = torch.arange(tokens.shape[1], device=tokens.device) < counts[:, None]  # [B, L]
+        self.pending.append((tokens, prev_hidden, valid))
+        self.appends += 1
+        self.last_token = tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
+        if self.appends >= self.flush_every:
+            self._flush()
+
+    def keep(self, rows: torch.Tensor) -> None:
+        if self.prompts is not None:
+            self.prompts.row_prompt = self.prompts.row_prompt[rows]
+        else:
+            self.k, self.v = self.k[rows], self.v[rows]
+            self.cache_lens, self.feature = self.cache_lens[rows], self.feature[rows]
+        if self.last_token is not None:
+            self.last_token = self.last_token[rows]
+        if len(self.pending) > 1:  # one block to index, not one per buffered step
+            self.pending = [tuple(torch.cat(parts, dim=1) for parts in zip(*self.pending, strict=True))]
+        self.pending = [(t[rows], h[rows], v[rows]) for t, h, v in self.pending]
+
+    @torch.inference_mode()
+    def _flush(self) -> None:
+        """Consume the prompts of the running rows if still waiting, then the buffered pairs: the chunks merged
+        into one right-padded block per row."""
+        if self.prompts is not None:
+            self._consume_prompts()
+        if not self.pending:
+            return
+        tokens, hidden, valid = (torch.cat(parts, dim=1) for parts in zip(*self.pending, strict=True))
+        order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # valid entries first
+        tokens = tokens.gather(1, order)
+        hidden = hidden.gather(1, order[:, :, None].expand(-1, -1, hidden.shape[-1]))
+        self.pending, self.appends = [], 0
+        self._consume(tokens, hidden, valid.sum(dim=1))
+
+    def _consume_prompts(self) -> None:
+        """Start the cache from the prompts that running rows hold: consume each once, then fork it to its rows."""
+        prompts, self.prompts = self.prompts, None
+        needed, row_prompt = torch.unique(prompts.row_prompt, return_inverse=True)
+        tokens, hidden, lengths = prompts.tokens[needed], prompts.hidden[needed], prompts.lengths[needed]
+        (U, T), cfg = tokens.shape, self.config
         shape = (U, cfg.num_kv_heads, _capacity(T + 64), cfg.head_dim)
         dtype = self.head.fc.weight.dtype
         self.k = torch.zeros(shape, dtype=dtype, device=tokens.device)
         self.v = torch.zeros_like(self.k)
         self.cache_lens = torch.zeros(U, dtype=torch.long, device=tokens.device)
         self.feature = torch.zeros(U, cfg.hidden_size, dtype=dtype, device=tokens.device)
-        self.pending, self.last_token = [], None
         if T > 1:
-            self._consume(tokens[first, 1:], hidden[first, :-1], lengths[first] - 1)
-        self.keep(inverse)
-        self.last_token = tokens.gather(1, (lengths - 1)[:, None]).squeeze(1)
-
-    def append(self, tokens: torch.Tensor, prev_hidden: torch.Tensor | None, counts: torch.Tensor) -> None:
-        if prev_hidden is None:
-            raise ValueError("the EAGLE drafter needs the target's hidden states (uses_target_hidden=True)")
-        self.pending.append((tokens, prev_hidden, counts))
-        self.last_token = tokens.gather(1, (counts - 1)[:, None]).squeeze(1)
-        if len(self.pending) >= self.flush_every:
-            self._flush()
-
-    def keep(self, rows: torch.Tensor) -> None:
-        self.k, self.v = self.k[rows], self.v[rows]
-        self.cache_lens, self.feature = self.cache_lens[rows], self.feature[rows]
-        if self.last_token is not None:
-            self.last_token = self.last_token[rows]
-        self.pending = [(t[rows], h[rows], c[rows]) for t, h, c in self.pending]
-
-    @torch.inference_mode()
-    def _flush(self) -> None:
-        """Consume the buffered pairs: merge the chunks into one right-padded block per row."""
-        if not self.pending:
-            return
-        tokens = torch.cat([t for t, _, _ in self.pending], dim=1)  # [B, L]
-        hidden = torch.cat([h for _, h, _ in self.pending], dim=1)  # [B, L, D]
-        valid = torch.cat([torch.arange(t.shape[1], device=t.device) < c[:, None] for t, _, c in self.pending], 1)
-        order = torch.sort((~valid).to(torch.uint8), dim=1, stable=True).indices  # valid entries first
-        tokens = tokens.gather(1, order)
-        hidden = hidden.gather(1, order[:, :, None].expand(-1, -1, hidden.shape[-1]))
-        self.pending = []
-        self._consume(tokens, hidden, valid.sum(dim=1))
+            self._consume(tokens[:, 1:], hidden[:, :-1], lengths - 1)
+        self.k, self.v = self.k[row_prompt], self.v[row_prompt]
+        self.cache_lens, self.feature = self.cache_lens[row_prompt], self.feature[row_prompt]
 
     def _consume(self, tokens: torch.Tensor, hidden: torch.Tensor, counts: torch.Tensor) -> None:
         """Append pairs tokens[b, :counts[b]] ([B, Q], hidden [B, Q, D]) to the cache; keep the last h'."""
@@ -324,6 +344,17 @@ def int8_copy(head: EagleHead) -> EagleHead:
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         return quantize_dynamic(twin.eval(), {"layers": per_channel_dynamic_qconfig}, dtype=torch.qint8)
+
+
+@dataclasses.dataclass
+class _Prompts:
+    """The distinct prompts of a batch ([U, T] tokens, [U, T, D] hidden, [U] lengths), not consumed yet, and
+    the prompt of every running row ([B] indices into them)."""
+
+    tokens: torch.Tensor
+    hidden: torch.Tensor
+    lengths: torch.Tensor
+    row_prompt: torch.Tensor
 
 
 def _capacity(slots: int) -> int:
