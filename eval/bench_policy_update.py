@@ -1,4 +1,4 @@
-"""GRPO policy-update cost of one rollout batch under two micro-batch cuts, side by side.
+"""GRPO policy-update cost of one rollout batch under two micro-batch cuts, or two precisions, side by side.
 
 One sampled rollout (T = 1, `--prompts` x `--samples`, long-tailed lengths) of a base policy, then the trainer's
 work on it: the old log-prob recompute and one update (`grpo.update_policy`), in micro-batches of at most
@@ -9,8 +9,10 @@ work on it: the old log-prob recompute and one update (`grpo.update_policy`), in
 - `default`: to minimise padded tokens + `grpo.micro_batch_overhead_tokens` per forward (64).
 
 Every repeat starts from the same policy and a fresh optimizer, so both cuts do the same arithmetic on real
-tokens; they differ in padding and in the number of forwards. Reported: padded / real tokens, forwards, and the
-median seconds over `--repeats` after a warm-up (which cut goes first alternates), one torch thread.
+tokens; they differ in padding and in the number of forwards. With `--compare precision` the two variants are
+`grpo.precision` 32-true and bf16-mixed (bf16 autocast), both with the default cut. Reported: padded / real
+tokens, forwards, and the median seconds over `--repeats` after a warm-up (which variant goes first
+alternates), one torch thread.
 
   OMP_NUM_THREADS=1 python -m eval.bench_policy_update --model runs/small/model --out runs/bench-update
 """
@@ -46,6 +48,17 @@ from tlt.training.grpo import (
 )
 
 CUTS = {"fewest": 10**9, "default": GRPOConfig.micro_batch_overhead_tokens}
+PRECISIONS = ("32-true", "bf16-mixed")
+
+
+def variants(compare: str, minibatch_size: int) -> dict[str, GRPOConfig]:
+    """The two GRPO settings compared: micro-batch cuts (`cuts`) or training precisions (`precision`)."""
+    if compare == "cuts":
+        return {
+            name: GRPOConfig(minibatch_size=minibatch_size, micro_batch_overhead_tokens=cost)
+            for name, cost in CUTS.items()
+        }
+    return {name: GRPOConfig(minibatch_size=minibatch_size, precision=name) for name in PRECISIONS}
 
 
 def rollout_batch(model, tokenizer, args) -> GRPOBatch:
@@ -94,22 +107,23 @@ def timed_update(model, batch: GRPOBatch, cfg: GRPOConfig, seed: int) -> float:
 def render(report: dict) -> str:
     s = report["settings"]
     lengths = report["response_lengths"]
+    first = next(iter(report["variants"]))
     lines = [
-        "# GRPO update of one rollout: micro-batch cuts side by side",
+        f"# GRPO update of one rollout: {'micro-batch cuts' if s['compare'] == 'cuts' else 'precisions'} side by side",
         "",
         f"`{s['model']}`, {s['prompts']} prompts x {s['samples']} samples at T = 1 (response tokens: p50 "
         f"{lengths['p50']}, max {lengths['max']}, mean {lengths['mean']:.0f}); recompute + one update, "
         f"minibatches of {s['minibatch_size']}, {s['micro_batch_tokens']} tokens per micro-batch at most; medians "
         f"of {s['repeats']} repeats.",
         "",
-        "| cut | forward cost (tokens) | forwards | padded / real tokens | seconds | vs fewest |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| variant | precision | forward cost (tokens) | forwards | padded / real tokens | seconds | vs {first} |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
-    base = report["cuts"]["fewest"]["seconds"]
-    for name, row in report["cuts"].items():
+    base = report["variants"][first]["seconds"]
+    for name, row in report["variants"].items():
         lines.append(
-            f"| {name} | {row['overhead_tokens']} | {row['forwards']} | {row['padded'] / row['real']:.2f} | "
-            f"{row['seconds']:.2f} | {base / row['seconds']:.2f}x |"
+            f"| {name} | {row['precision']} | {row['overhead_tokens']} | {row['forwards']} | "
+            f"{row['padded'] / row['real']:.2f} | {row['seconds']:.2f} | {base / row['seconds']:.2f}x |"
         )
     lines += ["", "Machine: " + json.dumps(report["machine"])]
     return "\n".join(lines) + "\n"
@@ -124,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minibatch-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compare", choices=("cuts", "precision"), default="cuts")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if not Path(args.model, "config.json").is_file():
@@ -134,12 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     model.eval()
     batch = rollout_batch(model, tokenizer, args)
     response = sorted(batch.response_mask.sum(1).tolist())
-    configs = {
-        name: GRPOConfig(minibatch_size=args.minibatch_size, micro_batch_overhead_tokens=cost)
-        for name, cost in CUTS.items()
-    }
+    configs = variants(args.compare, args.minibatch_size)
     seconds: dict[str, list[float]] = {name: [] for name in configs}
-    timed_update(model, batch, configs["default"], args.seed)  # warm-up, not counted
+    for cfg in configs.values():  # warm-up, not counted
+        timed_update(model, batch, cfg, args.seed)
     for repeat in range(args.repeats):
         for name in list(configs)[:: 1 if repeat % 2 == 0 else -1]:  # alternate which cut goes first
             cfg = configs[name]
@@ -153,8 +166,13 @@ def main(argv: list[str] | None = None) -> int:
             "max": response[-1],
             "mean": statistics.fmean(response),
         },
-        "cuts": {
-            name: {"overhead_tokens": CUTS[name], "seconds": statistics.median(seconds[name]), "all": seconds[name]}
+        "variants": {
+            name: {
+                "overhead_tokens": cfg.micro_batch_overhead_tokens,
+                "precision": cfg.precision,
+                "seconds": statistics.median(seconds[name]),
+                "all": seconds[name],
+            }
             | padding(batch, cfg, args.seed)
             for name, cfg in configs.items()
         },

@@ -58,6 +58,7 @@ def test_round_trip_through_yaml(tmp_path):
         ("grpo.minibatch_size=0", "grpo.minibatch_size: got 0; allowed: an integer >= 1"),
         ("grpo.epochs=0", "grpo.epochs"),
         ("grpo.max_grad_norm=0", "grpo.max_grad_norm"),
+        ("grpo.precision=fp16", "grpo.precision: got 'fp16'; allowed: one of 32-true, bf16-mixed"),
         ("no_equals_sign", "key=value"),
     ],
 )

@@ -300,9 +300,12 @@ class GRPOConfig:
     scale_rewards: bool = True  # divide group-centred rewards by the group's std (False: Dr. GRPO)
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
+    # recompute and update forwards: 32-true, or bf16-mixed (bf16 autocast over fp32 weights; what GPU runs use)
+    precision: str = "32-true"
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "grpo.steps", "an integer >= 1", self.steps)
+        _check_choice("grpo.precision", self.precision, ("32-true", "bf16-mixed"))
         _check(0 < self.lr < 1, "grpo.lr", "a float in (0, 1)", self.lr)
         _check(0 < self.clip_eps < 1, "grpo.clip_eps", "a float in (0, 1)", self.clip_eps)
         _check(self.kl_coef >= 0, "grpo.kl_coef", "a float >= 0", self.kl_coef)

@@ -28,12 +28,23 @@ def test_end_to_end_report(tmp_path, capsys):
     args = ["--model", str(model), "--prompts", "2", "--samples", "3", "--max-new-tokens", "12"]
     assert main(args + ["--minibatch-size", "2", "--repeats", "2", "--out", str(out)]) == 0
     report = json.loads((out / "update.json").read_text())
-    assert set(report["cuts"]) == {"fewest", "default"}
-    for row in report["cuts"].values():
+    assert set(report["variants"]) == {"fewest", "default"}
+    for row in report["variants"].values():
         assert len(row["all"]) == 2 and row["seconds"] > 0 and row["padded"] >= row["real"] > 0
-    assert report["cuts"]["default"]["padded"] <= report["cuts"]["fewest"]["padded"]
-    assert "| fewest | 1000000000 |" in (out / "update.md").read_text()
+    assert report["variants"]["default"]["padded"] <= report["variants"]["fewest"]["padded"]
+    assert "| fewest | 32-true | 1000000000 |" in (out / "update.md").read_text()
     assert "2 prompts x 3 samples" in capsys.readouterr().out
+
+
+def test_precision_comparison_runs_both_precisions_on_the_same_cut(tmp_path):
+    model = save_math_policy(tmp_path / "model")
+    out = tmp_path / "bench"
+    args = ["--model", str(model), "--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1"]
+    assert main([*args, "--compare", "precision", "--out", str(out)]) == 0
+    rows = json.loads((out / "update.json").read_text())["variants"]
+    assert {name: row["precision"] for name, row in rows.items()} == {"32-true": "32-true", "bf16-mixed": "bf16-mixed"}
+    assert rows["32-true"]["padded"] == rows["bf16-mixed"]["padded"]
+    assert "precisions side by side" in (out / "update.md").read_text()
 
 
 def test_a_missing_model_is_a_clear_error(tmp_path, capsys):

@@ -136,6 +136,27 @@ def test_loss_on_policy_is_minus_the_token_mean_advantage(policy):
     assert out.entropy.item() > 0
 
 
+def test_bf16_mixed_runs_the_forwards_in_bf16_and_keeps_rho_exactly_one():
+    torch.set_num_threads(1)
+    policy = build_model("test", vocab_size=300, seed=2)  # trainable (the shared fixture serves as a reference)
+    _, _, batch = _batch()
+    full = GRPOModule(policy, GRPOConfig(), temperature=1.0)
+    mixed = GRPOModule(policy, GRPOConfig(precision="bf16-mixed"), temperature=1.0)
+    exact, _ = full.recompute(batch)
+    batch, hidden = mixed.recompute(batch)
+    mask = batch.loss_mask
+    drift = (batch.old_logprobs - exact.old_logprobs)[mask].abs()
+    assert 0 < drift.max() < 0.1  # bf16 arithmetic: visibly not float32, still close
+    assert hidden.dtype == torch.float32  # the drafter buffer gets the weights' dtype
+    out = mixed.loss(batch)  # the update's forward repeats the recompute's arithmetic: rho == 1 exactly
+    tokens = mask.sum(1).float()
+    assert out.clip_fraction.item() == 0.0
+    torch.testing.assert_close(out.policy_loss, -(tokens * batch.advantages).sum() / tokens.sum())
+    out.loss.backward()
+    grads = [p.grad for p in policy.parameters()]
+    assert all(g is not None and g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads)
+
+
 def test_update_policy_steps_per_minibatch_and_moves_the_weights():
     torch.set_num_threads(1)
     model = build_model("test", vocab_size=300, seed=1)

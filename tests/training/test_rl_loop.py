@@ -99,6 +99,20 @@ def test_step_with_tlt_on(tokenizer):
     torch.testing.assert_close(sample.hidden, direct, atol=1e-5, rtol=1e-5)
 
 
+def test_step_with_bf16_mixed_training(tokenizer):
+    overrides = COMMON + ["drafter.batch_tokens=128", "scheduler.between_steps_budget=2", "grpo.precision=bf16-mixed"]
+    trainer = RLTrainer(load_config(None, overrides), _policy(tokenizer), tokenizer, PROBLEMS, reward_fn=_by_length)
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+
+    m = trainer.step()
+
+    assert m.optimizer_steps == 2 and math.isfinite(m.loss) and m.drafter_steps == 2
+    assert 1e-6 < m.logprob_gap < 0.1  # the engine decodes in float32, the trainer's forward ran in bf16
+    assert all(p.dtype == torch.float32 for p in trainer.policy.parameters())
+    assert all(s.hidden.dtype == torch.float32 for s in trainer.buffer.samples)
+    _assert_pushed(trainer, before)
+
+
 def test_step_with_tlt_off(tokenizer):
     overrides = COMMON + ["speculative.enabled=false", "scheduler.policy=never", "grpo.entropy_coef=0.01"]
     trainer = RLTrainer(load_config(None, overrides), _policy(tokenizer), tokenizer, PROBLEMS)

@@ -163,18 +163,23 @@ def policy_forward(
     attention_mask: torch.Tensor,
     temperature: float,
     with_entropy: bool = False,
+    precision: str = "32-true",
 ) -> PolicyOutput:
     """One forward of an HF Qwen2 / Llama causal LM: tempered log-probs of the given tokens and hidden states.
 
     The decoder's `last_hidden_state` is taken after the final norm (the feature the EAGLE drafter and the
-    native engine use); the LM head is applied to it here, so no layer runs twice.
+    native engine use); the LM head is applied to it here, so no layer runs twice. With precision "bf16-mixed"
+    the decoder and the LM head run under bf16 autocast; the log-softmax runs in float32 and the hidden states
+    come back in the weights' dtype.
     """
-    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, D]
-    logits = model.get_output_embeddings()(hidden[:, :-1]).float() / temperature  # [B, T - 1, V]
-    log_probs = F.log_softmax(logits, dim=-1)  # [B, T - 1, V]
+    dtype = next(model.parameters()).dtype
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, D]
+        logits = model.get_output_embeddings()(hidden[:, :-1])  # [B, T - 1, V]
+    log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [B, T - 1, V]
     logprobs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T - 1]
     entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None  # [B, T - 1]
-    return PolicyOutput(logprobs, entropy, hidden)
+    return PolicyOutput(logprobs, entropy, hidden.to(dtype))
 
 
 @dataclass
@@ -212,6 +217,9 @@ class GRPOModule(L.LightningModule):
       the paper.
     - Log-probs at the sampling temperature; dropout off (eval mode); no dynamic sampling or overlong
       filtering: zero-advantage groups and truncated responses stay in the batch (and in the token mean).
+    - `grpo.precision=bf16-mixed` runs the recompute and the update's forwards under bf16 autocast (weights,
+      gradients and AdamW state stay float32; log-softmax in float32). pi_old and pi come from the same
+      arithmetic, so rho is exactly 1 on the first minibatch either way.
     """
 
     def __init__(
@@ -231,7 +239,9 @@ class GRPOModule(L.LightningModule):
         self.cfg, self.temperature = cfg, temperature
 
     def forward(self, input_ids, attention_mask, with_entropy: bool = False) -> PolicyOutput:
-        return policy_forward(self.policy, input_ids, attention_mask, self.temperature, with_entropy)
+        return policy_forward(
+            self.policy, input_ids, attention_mask, self.temperature, with_entropy, self.cfg.precision
+        )
 
     @torch.no_grad()
     def recompute(self, batch: GRPOBatch) -> tuple[GRPOBatch, torch.Tensor]:
@@ -239,7 +249,9 @@ class GRPOModule(L.LightningModule):
         out = self(batch.input_ids, batch.attention_mask)
         ref = None
         if self.cfg.kl_coef > 0:
-            ref_out = policy_forward(self.reference, batch.input_ids, batch.attention_mask, self.temperature)
+            ref_out = policy_forward(
+                self.reference, batch.input_ids, batch.attention_mask, self.temperature, precision=self.cfg.precision
+            )
             ref = ref_out.logprobs
         return dataclasses.replace(batch, old_logprobs=out.logprobs, ref_logprobs=ref), out.hidden
 
