@@ -12,6 +12,9 @@ another (each spawns its own ranks), `--rounds` times; round k starts the policy
 over a multiple of 3 rounds every policy runs equally often first, second and third (a machine that slows
 down, or warms up, within a round biases no policy).
 
+A policy may carry overrides of its own after a `+`: `--policies never,spot,spot+drafter.precision=bf16-mixed`
+compares spot training in float32 and in bf16 against never in the same rounds.
+
   OMP_NUM_THREADS=1 python -m eval.bench_spot --config configs/tlt.yaml --steps 8 --rounds 2 --out runs/bench-spot \
       train.devices=2 drafter.path=runs/quickstart/drafter
 """
@@ -33,8 +36,10 @@ PARTS = ("rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds")
 
 
 def run_policy(args, policy: str, round_: int) -> list[dict]:
-    out = Path(args.out) / f"{policy}-{round_}"
-    return train_metrics(args.config, out, args.steps, [f"scheduler.policy={policy}", *args.overrides])
+    """One `tlt train` run of `policy` ("spot", or "spot+key=value+..." with overrides of its own)."""
+    name, *extra = policy.split("+")
+    out = Path(args.out) / f"{policy.replace('=', '-').replace('+', '_')}-{round_}"
+    return train_metrics(args.config, out, args.steps, [f"scheduler.policy={name}", *args.overrides, *extra])
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -59,6 +59,7 @@ def test_round_trip_through_yaml(tmp_path):
         ("grpo.epochs=0", "grpo.epochs"),
         ("grpo.max_grad_norm=0", "grpo.max_grad_norm"),
         ("grpo.precision=fp16", "grpo.precision: got 'fp16'; allowed: one of 32-true, bf16-mixed"),
+        ("drafter.precision=bf16", "drafter.precision: got 'bf16'; allowed: one of 32-true, bf16-mixed"),
         ("no_equals_sign", "key=value"),
     ],
 )

@@ -210,6 +210,8 @@ class DrafterConfig:
     buffer_long_tokens: int = 256  # samples this long from the previous version are kept (one-step offset)
     w_feature: float = 1.0  # EAGLE-1 SmoothL1 feature-loss weight
     w_token: float = 0.1  # EAGLE-1 soft cross-entropy weight
+    # head training forwards (offline and online): 32-true, or bf16-mixed (bf16 autocast over fp32 weights)
+    precision: str = "32-true"
     train_steps: int = 300  # optimizer steps of `tlt train-drafter` (offline distillation)
     distill_prompts: int = 512  # training prompts the target answers to make distillation data
     distill_max_new_tokens: int = 256  # response budget of those answers (and of the acceptance check)
@@ -219,6 +221,7 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram"))
+        _check_choice("drafter.precision", self.precision, ("32-true", "bf16-mixed"))
         _check(self.train_steps >= 1, "drafter.train_steps", "an integer >= 1", self.train_steps)
         _check(self.distill_prompts >= 1, "drafter.distill_prompts", "an integer >= 1", self.distill_prompts)
         _check(

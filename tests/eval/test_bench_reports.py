@@ -118,3 +118,16 @@ def test_interference_slowdown_is_against_the_idle_median():
         "conditions": summary,
     }
     assert "| train@1024 | 70 | +42.9% | 6 |" in bench_interference.render(report)
+
+
+def test_spot_policy_variants_carry_their_own_overrides(monkeypatch, tmp_path):
+    calls = []
+    monkeypatch.setattr(
+        bench_spot, "train_metrics", lambda config, out, steps, overrides: calls.append((out, overrides))
+    )
+    args = Namespace(out=str(tmp_path), config="c.yaml", steps=2, overrides=["seed=2"])
+    bench_spot.run_policy(args, "spot+drafter.precision=bf16-mixed+drafter.lr=0.01", 1)
+    bench_spot.run_policy(args, "never", 0)
+    assert calls[0][1] == ["scheduler.policy=spot", "seed=2", "drafter.precision=bf16-mixed", "drafter.lr=0.01"]
+    assert calls[0][0] == tmp_path / "spot_drafter.precision-bf16-mixed_drafter.lr-0.01-1"
+    assert calls[1] == (tmp_path / "never-0", ["scheduler.policy=never", "seed=2"])

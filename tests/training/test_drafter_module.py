@@ -9,7 +9,7 @@ from tlt.config import DrafterConfig
 from tlt.drafters.eagle import EagleDrafter
 from tlt.models.presets import build_model
 from tlt.training.drafter_buffer import DrafterBuffer
-from tlt.training.drafter_module import BufferBatches, fit_drafter
+from tlt.training.drafter_module import BufferBatches, DrafterModule, fit_drafter
 from tlt.training.packing import PackedBatch
 
 
@@ -60,3 +60,21 @@ def test_fit_trains_the_head_and_leaves_frozen_weights_alone(packing):
     assert not drafter.head.embed.requires_grad and not drafter.head.training
     changed = [k for k, v in drafter.head.state_dict().items() if not torch.equal(v, trainable[k])]
     assert "fc.weight" in changed and "layers.0.mlp.down_proj.weight" in changed
+
+
+def test_bf16_mixed_loss_is_close_to_float32_and_trains_float32_weights():
+    torch.manual_seed(0)
+    target = build_model("test", vocab_size=64)
+    head = EagleDrafter.from_target(target, seed=0).head.train()
+    batch = next(iter(BufferBatches(_buffer(target), batch_tokens=64, packing=True)))
+    losses = {}
+    for precision in ("32-true", "bf16-mixed"):
+        module = DrafterModule(head, DrafterConfig(precision=precision), max_steps=1)
+        out = module.batch_loss(batch)
+        out.loss.backward()
+        losses[precision] = out.loss.item()
+        assert out.loss.dtype == torch.float32
+        assert all(p.grad.dtype == torch.float32 and torch.isfinite(p.grad).all() for p in head.parameters())
+        head.zero_grad(set_to_none=True)
+    assert losses["32-true"] != losses["bf16-mixed"]  # bf16 arithmetic ran
+    assert losses["bf16-mixed"] == pytest.approx(losses["32-true"], rel=0.02)

@@ -45,11 +45,14 @@ class DrafterModule(L.LightningModule):
         self.last: dict[str, float] = {}
 
     def batch_loss(self, batch: PackedBatch) -> DrafterLossOutput:
-        """EAGLE loss averaged over the batch's trained pairs (response tokens, within one document)."""
+        """EAGLE loss averaged over the batch's trained pairs (response tokens, within one document); under
+        bf16 autocast with drafter.precision=bf16-mixed (the softmaxes still run in float32)."""
         p = batch.pairs()
         dtype = self.head.fc.weight.dtype
-        pred = self.head.train_forward(p.tokens, p.hidden, p.position_ids, p.document_ids)  # [B, L - 1, D]
-        return self.loss(pred, p.target.to(dtype), self.head.lm_head, p.loss_mask)
+        device = self.head.fc.weight.device.type
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16-mixed"):
+            pred = self.head.train_forward(p.tokens, p.hidden, p.position_ids, p.document_ids)  # [B, L - 1, D]
+            return self.loss(pred, p.target.to(dtype), self.head.lm_head, p.loss_mask)
 
     def training_step(self, batch: PackedBatch, batch_idx: int) -> torch.Tensor:
         out = self.batch_loss(batch)
