@@ -127,23 +127,31 @@ def capped_step(ctx: WorkerContext, head, buffer) -> dict:
 
 def prepare_step(ctx: WorkerContext, head, buffer) -> dict:
     """Rank 1 rolls out until rank 0 has trained 2 micro-steps, then prepares (its recompute) for 0.5 s,
-    long enough for dozens more micro-steps of this head, and records rank 0's progress around that."""
+    long enough for dozens more micro-steps of this head, and records rank 0's progress around that. Each
+    rank records when its `rollout_over` callback ran (and rank 0's progress then)."""
     store = dist.PrefixStore("s6", ctx.store)
     worker = SpotWorker(RecordingStepper(head, buffer, store), store, IdleScheduler("spot", ctx.world_size))
+    times: dict[str, float] = {}
+    over: list[tuple[float, int]] = []
 
     def rollout() -> int:
         while ctx.rank == 1 and worker.progress(0) < 2:
             time.sleep(0.001)
+        times["rollout_end"] = time.monotonic()
         return ctx.rank
 
     def prepare(rank: int) -> dict:
+        times["prepare_start"] = time.monotonic()
         seen = {"rank": rank, "before": worker.progress(0)}
         if rank == 1:
             time.sleep(0.5)
         seen["after"] = worker.progress(0)
         return seen
 
-    return {"result": worker.run_step(rollout, prepare)}
+    def rollout_over() -> None:
+        over.append((time.monotonic(), worker.progress(0)))
+
+    return {"result": worker.run_step(rollout, prepare, rollout_over), "times": times, "over": over}
 
 
 def run_scenarios(ctx: WorkerContext) -> dict:

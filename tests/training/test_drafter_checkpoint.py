@@ -51,6 +51,23 @@ def test_the_snapshot_is_taken_when_save_returns(trained, tmp_path):
     assert torch.equal(back.head.fc.weight, before)
 
 
+def test_a_held_snapshot_is_written_only_from_start_or_wait(trained, tmp_path):
+    drafter, optimizer = trained
+    before = drafter.head.fc.weight.clone()
+    checkpoint = AsyncDrafterCheckpoint(tmp_path / "latest")
+    checkpoint.save(drafter, optimizer, step=1, version=1, start=False)
+    with torch.no_grad():
+        drafter.head.fc.weight.add_(1.0)
+    assert not (tmp_path / "latest").exists()  # held: nothing written yet
+    checkpoint.start()
+    checkpoint.wait()
+    back, state = load_drafter_checkpoint(tmp_path / "latest")
+    assert torch.equal(back.head.fc.weight, before) and state["step"] == 1
+    checkpoint.save(drafter, optimizer, step=2, version=2, start=False)
+    checkpoint.wait()  # wait() writes a held snapshot too (the trainer's close())
+    assert load_drafter_checkpoint(tmp_path / "latest")[1]["step"] == 2
+
+
 def test_only_the_trainable_head_is_saved(trained, tmp_path):
     from safetensors.torch import load_file
 

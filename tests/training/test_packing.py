@@ -135,8 +135,9 @@ def test_packed_outputs_equal_unpacked_ones(module):
     ):
         with torch.no_grad():
             alone = module.head.train_forward(s.tokens[None, 1:], s.hidden[None, :-1])[0]
-        torch.testing.assert_close(packed, alone, atol=1e-5, rtol=0)
-        torch.testing.assert_close(padded, alone, atol=1e-5, rtol=0)
+        # features of magnitude ~5: the last float32 bits differ with the CPU's kernels (AMD vs Intel AVX-512)
+        torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(padded, alone, atol=1e-5, rtol=1e-5)
 
 
 def test_changing_one_sample_leaves_the_other_samples_outputs_unchanged(module):

@@ -87,6 +87,17 @@ def test_no_rank_trains_during_the_last_ranks_local_work(runs):
     assert early.stats.micro_steps == late.rollout["after"] and early.weights == [early.stats.micro_steps, 0]
 
 
+def test_rollout_over_runs_once_per_rank_when_the_last_rollout_has_ended(runs):
+    """The hook that starts the drafter checkpoint write: on the last rank right after its generation, before
+    its recompute; on an early rank after its training stopped, not while the other rank still decodes."""
+    early, late = (r["prepare"] for r in runs)
+    assert len(early["over"]) == len(late["over"]) == 1
+    (late_at, _), (early_at, early_progress) = late["over"][0], early["over"][0]
+    assert late["times"]["rollout_end"] <= late_at <= late["times"]["prepare_start"]
+    assert early_at >= late["times"]["rollout_end"]
+    assert early_progress == early["result"].stats.micro_steps  # its training had stopped
+
+
 def test_budget_grows_with_the_buffer():
     buffer = spot_workers.build_buffer(0)  # 57 tokens
     cfg = spot_workers.CAPPED

@@ -258,7 +258,9 @@ class DistributedRLTrainer(RLTrainer):
             idle = self._wait_for_all()
         else:
             self.recorder.losses.clear()
-            spot = self.spot.run_step(lambda: self._generate(mine, start), self._prepare)
+            spot = self.spot.run_step(
+                lambda: self._generate(mine, start), self._prepare, self._write_drafter_checkpoint
+            )
             share, idle = spot.rollout, spot.stats.idle_seconds
         reconciled = self._clock()
         update = update_policy_sharded(self.module, self.optimizer, gather_rows(share.batch), self.generator)

@@ -5,6 +5,10 @@ Only the EAGLE head's own tensors and its optimizer state are saved, never the t
 The caller's thread only copies them to CPU (`save` returns the seconds it blocked); a background thread
 writes the folder atomically (`tlt.drafters.save_folder`: a reader sees the previous checkpoint or the new
 one, never half of one). One write is in flight at a time: `save` first waits for the previous write.
+`save(..., start=False)` takes the snapshot but holds the write until `start()` (or `wait()`): a
+multi-process run starts it when the next step's rollout is over, so it never shares a core with a rank
+that is still decoding (started at the step's end, it slowed the next rollout's first forward by 8-14 ms on
+a 2-core VM: eval/results/spot_overhead_quickstart_ckpt.md).
 
 The folder is a saved EAGLE drafter (`tlt.drafters.load_drafter` reads it, `tlt export-drafter` exports it)
 plus `drafter_state.pt` (optimizer state, RL step, policy version), so drafter training resumes from it:
@@ -33,12 +37,21 @@ class AsyncDrafterCheckpoint:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self._thread: threading.Thread | None = None
+        self._pending: tuple | None = None  # a snapshot whose write has not started
         self._error: BaseException | None = None
 
-    def save(self, drafter: EagleDrafter, optimizer: torch.optim.Optimizer | None, step: int, version: int) -> float:
-        """Snapshot the head (and optimizer state) to CPU now, write it in the background; returns the seconds
-        the caller was blocked (the wait for a previous write included)."""
-        start = time.perf_counter()
+    def save(
+        self,
+        drafter: EagleDrafter,
+        optimizer: torch.optim.Optimizer | None,
+        step: int,
+        version: int,
+        start: bool = True,
+    ) -> float:
+        """Snapshot the head (and optimizer state) to CPU now and write it in the background, from now on or
+        (start=False) from the next `start()` / `wait()`; returns the seconds the caller was blocked (the wait
+        for a previous write included)."""
+        began = time.perf_counter()
         self.wait()
         weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in drafter.head.state_dict().items()}
         state = {
@@ -47,12 +60,22 @@ class AsyncDrafterCheckpoint:
             "version": version,
         }
         meta = {"kind": drafter.kind, **dataclasses.asdict(drafter.config)}
-        self._thread = threading.Thread(target=self._write, args=(weights, state, meta), daemon=False)
-        self._thread.start()
-        return time.perf_counter() - start
+        self._pending = (weights, state, meta)
+        if start:
+            self.start()
+        return time.perf_counter() - began
+
+    def start(self) -> None:
+        """Start writing the snapshot held by `save(..., start=False)`, if any, in the background."""
+        if self._pending is not None:
+            self._thread = threading.Thread(target=self._write, args=self._pending, daemon=False)
+            self._pending = None
+            self._thread.start()
 
     def wait(self) -> None:
-        """Block until the write in flight is on disk; re-raise its error, if any."""
+        """Block until the last snapshot is on disk (starting its write if it was held); re-raise its error,
+        if any."""
+        self.start()
         if self._thread is not None:
             self._thread.join()
             self._thread = None

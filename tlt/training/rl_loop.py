@@ -225,12 +225,20 @@ class RLTrainer:
         return AsyncDrafterCheckpoint(Path(self.cfg.output_dir) / "drafter_latest") if every and lead else None
 
     def _checkpoint_drafter(self, metrics: StepMetrics) -> StepMetrics:
-        """Start this step's async drafter checkpoint when due; metrics with the seconds it blocked."""
+        """Snapshot this step's drafter checkpoint when due (written from the next step's rollout end, or at
+        `close`); metrics with the seconds it blocked."""
         every = self.cfg.train.drafter_checkpoint_every
         if self.drafter_checkpoint is None or (self.step_index + 1) % every:
             return metrics
-        blocked = self.drafter_checkpoint.save(self.drafter, self.stepper.optimizer, self.step_index + 1, self.version)
+        step, version = self.step_index + 1, self.version
+        blocked = self.drafter_checkpoint.save(self.drafter, self.stepper.optimizer, step, version, start=False)
         return dataclasses.replace(metrics, drafter_checkpoint_seconds=blocked)
+
+    def _write_drafter_checkpoint(self) -> None:
+        """Start writing the previous step's drafter snapshot, if one is held: called once the rollout is over,
+        so the background write never shares a core with a rank that is still decoding."""
+        if self.drafter_checkpoint is not None:
+            self.drafter_checkpoint.start()
 
     def _engine_dir(self) -> Path:
         """Where a folder-based engine (vllm, sglang) keeps its model copy and weight updates."""
@@ -260,6 +268,7 @@ class RLTrainer:
         rollouts = self._rollout(problems)
         accept, sd_share = decode_stats(self.engine.step_stats)
         rollout_end = self._clock()
+        self._write_drafter_checkpoint()
         rewards = self._rewards(rollouts, problems)
         batch = self._recompute(self._batch(rollouts, rewards))
         update = update_policy(self.module, self.optimizer, batch, self.generator)

@@ -146,20 +146,31 @@ class SpotWorker:
             raise ValueError(f"scheduler has {scheduler.num_workers} workers, the process group {self.world_size}")
         self.step = 0  # RL steps run so far (the same on every rank)
 
-    def run_step(self, rollout: Callable[[], Any], prepare: Callable[[Any], Any] | None = None) -> SpotResult:
+    def run_step(
+        self,
+        rollout: Callable[[], Any],
+        prepare: Callable[[Any], Any] | None = None,
+        rollout_over: Callable[[], None] | None = None,
+    ) -> SpotResult:
         """This rank's rollout share, its local work, drafter training in its idle time, then reconciliation
         (collective). `prepare(rollout())` (identity by default) runs after this rank has counted its
-        rollout done; `SpotResult.rollout` is what it returns."""
+        rollout done; `SpotResult.rollout` is what it returns. `rollout_over()` runs once, as soon as this
+        rank knows every rank's rollout has ended: at once on the last rank to finish, else when its
+        training stops."""
         params = list(self.stepper.head.parameters())
         for r in range(self.world_size):  # the step starts for everyone at the previous sync point
             self.scheduler.worker_started(r)
         previous = _flatten(params)  # [P] a copy of this rank's drafter before the step
         out = rollout()
-        self._count_done()
+        last = self._count_done()
+        if last and rollout_over is not None:
+            rollout_over()
         if prepare is not None:
             out = prepare(out)
         self.scheduler.worker_finished(self.rank)  # idle from now; `_train` polls the other ranks' flag first
         error = self._train()
+        if not last and rollout_over is not None:
+            rollout_over()
         if error is not None:
             log.warning("rank %d: drafter micro-step failed, keeping the previous drafter:\n%s", self.rank, error)
             _unflatten_into(params, previous)
@@ -178,10 +189,12 @@ class SpotWorker:
     def _key(self, name: str) -> str:
         return f"spot/{self.step}/{name}"
 
-    def _count_done(self) -> None:
-        """Count this rank's rollout done; the last one raises the step's "all done" flag."""
-        if self.store.add(self._key("done"), 1) == self.world_size:
-            self.store.set(self._key("all"), "1")
+    def _count_done(self) -> bool:
+        """Count this rank's rollout done; the last one raises the step's "all done" flag and returns True."""
+        if self.store.add(self._key("done"), 1) < self.world_size:
+            return False
+        self.store.set(self._key("all"), "1")
+        return True
 
     def _poll(self, block: bool) -> None:
         """Mark every rank finished once the flag is up (block: wait for it)."""
