@@ -1,5 +1,6 @@
-"""Async drafter checkpoints: a snapshot taken when save() returns, written atomically in the background, only
-the trainable head and its optimizer state; a failed write keeps the previous checkpoint and is reported."""
+"""Async drafter checkpoints: a snapshot taken when save() returns, written atomically in the background from
+start() / wait(), only the trainable head and its optimizer state; a failed write keeps the previous checkpoint
+and is reported."""
 
 import pytest
 import torch
@@ -51,20 +52,20 @@ def test_the_snapshot_is_taken_when_save_returns(trained, tmp_path):
     assert torch.equal(back.head.fc.weight, before)
 
 
-def test_a_held_snapshot_is_written_only_from_start_or_wait(trained, tmp_path):
+def test_a_snapshot_is_written_only_from_start_or_wait(trained, tmp_path):
     drafter, optimizer = trained
     before = drafter.head.fc.weight.clone()
     checkpoint = AsyncDrafterCheckpoint(tmp_path / "latest")
-    checkpoint.save(drafter, optimizer, step=1, version=1, start=False)
+    checkpoint.save(drafter, optimizer, step=1, version=1)
     with torch.no_grad():
         drafter.head.fc.weight.add_(1.0)
-    assert not (tmp_path / "latest").exists()  # held: nothing written yet
+    assert not (tmp_path / "latest").exists()  # not started: nothing written yet
     checkpoint.start()
     checkpoint.wait()
     back, state = load_drafter_checkpoint(tmp_path / "latest")
     assert torch.equal(back.head.fc.weight, before) and state["step"] == 1
-    checkpoint.save(drafter, optimizer, step=2, version=2, start=False)
-    checkpoint.wait()  # wait() writes a held snapshot too (the trainer's close())
+    checkpoint.save(drafter, optimizer, step=2, version=2)
+    checkpoint.wait()  # wait() writes a snapshot not started too (the trainer's close())
     assert load_drafter_checkpoint(tmp_path / "latest")[1]["step"] == 2
 
 

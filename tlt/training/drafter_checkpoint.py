@@ -2,13 +2,13 @@
 97 ms, so spot training stays cheap to preempt).
 
 Only the EAGLE head's own tensors and its optimizer state are saved, never the target's embedding or LM head.
-The caller's thread only copies them to CPU (`save` returns the seconds it blocked); a background thread
-writes the folder atomically (`tlt.drafters.save_folder`: a reader sees the previous checkpoint or the new
-one, never half of one). One write is in flight at a time: `save` first waits for the previous write.
-`save(..., start=False)` takes the snapshot but holds the write until `start()` (or `wait()`): a
-multi-process run starts it when the next step's rollout is over, so it never shares a core with a rank
-that is still decoding (started at the step's end, it slowed the next rollout's first forward by 8-14 ms on
-a 2-core VM: eval/results/spot_overhead_quickstart_ckpt.md).
+The caller's thread only copies them to CPU (`save` takes that snapshot and returns the seconds it blocked);
+`start()` then writes the folder in a background thread, atomically (`tlt.drafters.save_folder`: a reader sees
+the previous checkpoint or the new one, never half of one), and `wait()` blocks until it is on disk (starting a
+write not started yet). One write is in flight at a time: `save` first waits for the previous one. The trainer
+snapshots at a step's end and starts the write once the next step's rollout is over, so it never shares a core
+with a rank that is still decoding (started at the step's end, it slowed the next rollout's first forward by
+8-14 ms on a 2-core VM: eval/results/spot_overhead_quickstart_ckpt.md).
 
 The folder is a saved EAGLE drafter (`tlt.drafters.load_drafter` reads it, `tlt export-drafter` exports it)
 plus `drafter_state.pt` (optimizer state, RL step, policy version), so drafter training resumes from it:
@@ -40,17 +40,9 @@ class AsyncDrafterCheckpoint:
         self._pending: tuple | None = None  # a snapshot whose write has not started
         self._error: BaseException | None = None
 
-    def save(
-        self,
-        drafter: EagleDrafter,
-        optimizer: torch.optim.Optimizer | None,
-        step: int,
-        version: int,
-        start: bool = True,
-    ) -> float:
-        """Snapshot the head (and optimizer state) to CPU now and write it in the background, from now on or
-        (start=False) from the next `start()` / `wait()`; returns the seconds the caller was blocked (the wait
-        for a previous write included)."""
+    def save(self, drafter: EagleDrafter, optimizer: torch.optim.Optimizer | None, step: int, version: int) -> float:
+        """Snapshot the head (and optimizer state) to CPU now, to be written by the next `start()` / `wait()`;
+        returns the seconds the caller was blocked (the wait for a previous write included)."""
         began = time.perf_counter()
         self.wait()
         weights = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in drafter.head.state_dict().items()}
@@ -61,19 +53,17 @@ class AsyncDrafterCheckpoint:
         }
         meta = {"kind": drafter.kind, **dataclasses.asdict(drafter.config)}
         self._pending = (weights, state, meta)
-        if start:
-            self.start()
         return time.perf_counter() - began
 
     def start(self) -> None:
-        """Start writing the snapshot held by `save(..., start=False)`, if any, in the background."""
+        """Start writing the snapshot taken by `save`, if its write has not started, in the background."""
         if self._pending is not None:
             self._thread = threading.Thread(target=self._write, args=self._pending, daemon=False)
             self._pending = None
             self._thread.start()
 
     def wait(self) -> None:
-        """Block until the last snapshot is on disk (starting its write if it was held); re-raise its error,
+        """Block until the last snapshot is on disk (starting its write if not started); re-raise its error,
         if any."""
         self.start()
         if self._thread is not None:

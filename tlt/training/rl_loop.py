@@ -230,13 +230,12 @@ class RLTrainer:
         every = self.cfg.train.drafter_checkpoint_every
         if self.drafter_checkpoint is None or (self.step_index + 1) % every:
             return metrics
-        step, version = self.step_index + 1, self.version
-        blocked = self.drafter_checkpoint.save(self.drafter, self.stepper.optimizer, step, version, start=False)
+        blocked = self.drafter_checkpoint.save(self.drafter, self.stepper.optimizer, self.step_index + 1, self.version)
         return dataclasses.replace(metrics, drafter_checkpoint_seconds=blocked)
 
     def _write_drafter_checkpoint(self) -> None:
-        """Start writing the previous step's drafter snapshot, if one is held: called once the rollout is over,
-        so the background write never shares a core with a rank that is still decoding."""
+        """Start writing the previous step's drafter snapshot, if its write has not started: called once the
+        rollout is over, so the background write never shares a core with a rank that is still decoding."""
         if self.drafter_checkpoint is not None:
             self.drafter_checkpoint.start()
 
