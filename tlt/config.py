@@ -351,9 +351,11 @@ class TrainConfig:
     drafter_checkpoint_every: int = (
         1  # RL steps between async drafter checkpoints to <output_dir>/drafter_latest (0: off)
     )
+    sharding: str = "replicate"  # policy update over processes: replicate (DDP-like) or fsdp (tlt.training.fsdp)
 
     def __post_init__(self) -> None:
         _check_choice("train.device", self.device, ("auto", "cpu", "cuda"))
+        _check_choice("train.sharding", self.sharding, ("replicate", "fsdp"))
         _check(self.warmup_steps >= 0, "train.warmup_steps", "an integer >= 0", self.warmup_steps)
         _check(self.heldout_eval >= 0, "train.heldout_eval", "an integer >= 0", self.heldout_eval)
         _check(self.devices >= 1, "train.devices", "an integer >= 1", self.devices)

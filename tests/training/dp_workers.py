@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import time
 
 import torch
@@ -103,3 +105,50 @@ def update_equivalence(ctx: WorkerContext, optimizer: str) -> dict:
 
 def run_equivalence(ctx: WorkerContext) -> dict:
     return {name: update_equivalence(ctx, name) for name in ("adamw", "sgd")}
+
+
+def fsdp_equivalence(ctx: WorkerContext) -> dict:
+    """Two updates of the same rows (AdamW, KL and entropy on, micro-batches of ~2 rows so that the ranks'
+    micro-batch counts differ) by the replicated data-parallel update and by `ShardedPolicy`; then the
+    sharded optimizer state is saved in the replicated layout, loaded into a fresh `ShardedPolicy`, and a
+    third update is taken by both."""
+    from tlt.training.data_parallel import balanced_share
+    from tlt.training.fsdp import ShardedPolicy
+
+    cfg = dataclasses.replace(GRPO, micro_batch_tokens=24, micro_batch_overhead_tokens=0)
+    torch.manual_seed(0)
+    policy = build_model("test", 300, 1, 2, 0, seed=0)
+    replicated = GRPOModule(policy, cfg, temperature=1.0, reference=copy.deepcopy(policy))
+    full, _ = replicated.recompute(_fixed_batch())
+    replica = copy.deepcopy(policy)
+    sharded = ShardedPolicy(replica, cfg, 1.0, replicated.reference)
+    lengths = full.attention_mask.sum(1)
+    rows = functools.partial(balanced_share, lengths, world_size=ctx.world_size, rank=ctx.rank)
+    calls = {"replicated": _count_calls(replicated, "loss"), "sharded": _count_calls(sharded.module, "loss")}
+    adamw = replicated.configure_optimizers()
+    start = _flat(policy)
+    stats = []
+    for seed in range(2):
+        a = update_policy_sharded(replicated, adamw, full, torch.Generator().manual_seed(seed))
+        stats.append((a, sharded.update(full, torch.Generator().manual_seed(seed), rows)))
+    out = {"start": start, "stats": stats, "calls": {k: v["n"] for k, v in calls.items()}}
+    out["params"] = (_flat(replicated.policy), _flat(replica))
+    out["states"] = (copy.deepcopy(adamw.state_dict()), sharded.optimizer_state())
+    fresh = ShardedPolicy(copy.deepcopy(replica), cfg, 1.0, replicated.reference)
+    fresh.load_optimizer_state(out["states"][1])
+    sharded.update(full, torch.Generator().manual_seed(2), rows)
+    fresh.update(full, torch.Generator().manual_seed(2), rows)
+    out["after_load"] = (_flat(replica), _flat(fresh.replica))
+    return out
+
+
+def _count_calls(obj, name: str) -> dict:
+    """Count calls of obj.name (an instance attribute wrapping the bound method)."""
+    counter, method = {"n": 0}, getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        counter["n"] += 1
+        return method(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return counter

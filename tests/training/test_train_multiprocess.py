@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.training import dp_workers
 from tests.training.test_train_cli import config  # noqa: F401  (the fixture: a random test-preset policy)
@@ -42,6 +43,24 @@ def resumed(config, two_steps):  # noqa: F811
 def equivalence():
     """Per rank, the sharded update against one process's (`dp_workers.run_equivalence`)."""
     return launch_cpu(dp_workers.run_equivalence, 2, timeout_s=60)
+
+
+@pytest.fixture(scope="module")
+def fsdp():
+    """Per rank, `ShardedPolicy` against the replicated update (`dp_workers.fsdp_equivalence`)."""
+    return launch_cpu(dp_workers.fsdp_equivalence, 2, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(config, tmp_path_factory):  # noqa: F811
+    """`tlt train` under train.sharding=fsdp on 2 ranks (drafter trained between steps, timing-independent):
+    3 steps straight, and 2 steps resumed to 3."""
+    root = tmp_path_factory.mktemp("fsdp")
+    common = ["train.devices=2", "train.sharding=fsdp", "scheduler.policy=between_steps"]
+    for name, steps in (("straight", [3]), ("resumed", [2, 3])):
+        for n in steps:
+            assert main(["train", str(config), *common, f"grpo.steps={n}", "--output-dir", str(root / name)]) == 0
+    return root / "straight", root / "resumed"
 
 
 def _metrics(out) -> list[dict]:
@@ -142,3 +161,55 @@ def test_a_multiprocess_checkpoint_resumes_only_with_as_many_processes(two_steps
     out, _ = two_steps
     assert main(["train", str(config), "grpo.steps=5", "--output-dir", str(out)]) == 2
     assert "written by a run of 2 process(es), this run has 1" in capsys.readouterr().err
+
+
+def test_fsdp_update_equals_the_replicated_one(fsdp):
+    a, b = fsdp
+    assert a["calls"]["sharded"] == b["calls"]["sharded"]  # FSDP: as many forwards on every rank ...
+    assert a["calls"]["sharded"] > min(a["calls"]["replicated"], b["calls"]["replicated"])  # ... padded
+    replicated, sharded = a["params"]
+    assert torch.equal(sharded, b["params"][1])  # every rank's replica holds the same weights
+    assert (replicated - a["start"]).abs().max() > 1000 * (replicated - sharded).abs().max()
+    torch.testing.assert_close(sharded, replicated, rtol=0, atol=2e-5)  # float summation order only
+    for one, other in a["stats"]:
+        for key, value in vars(one).items():
+            assert getattr(other, key) == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_fsdp_optimizer_state_is_saved_in_the_replicated_layout_and_loads_back(fsdp):
+    a, _ = fsdp
+    replicated, sharded = a["states"]
+    assert sharded["param_groups"] == replicated["param_groups"]
+    assert sharded["state"].keys() == replicated["state"].keys()
+    for index, entry in replicated["state"].items():
+        for key, value in entry.items():
+            assert not hasattr(sharded["state"][index][key], "placements")  # a plain full tensor
+            torch.testing.assert_close(sharded["state"][index][key], value, rtol=1e-4, atol=1e-7)
+    continued, loaded = a["after_load"]
+    assert torch.equal(continued, loaded)  # a fresh ShardedPolicy from the saved state takes the same step
+
+
+def test_an_fsdp_run_resumes_bit_for_bit_with_identical_replicas(fsdp_runs):
+    straight, resumed = fsdp_runs
+    for out in fsdp_runs:
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["steps"] == 3 and summary["devices"] == 2 and summary["replicas_identical"]
+    weights = [load_file(out / "checkpoint" / "policy" / "model.safetensors") for out in fsdp_runs]
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    states = [torch.load(out / "checkpoint" / "trainer.pt", weights_only=True)["trainer"] for out in fsdp_runs]
+    optimizer = [s["optimizer"]["state"] for s in states]
+    assert optimizer[0].keys() == optimizer[1].keys() and all(isinstance(k, int) for k in optimizer[0])
+    for k in optimizer[0]:
+        assert all(torch.equal(optimizer[0][k][n], optimizer[1][k][n]) for n in optimizer[0][k])
+    ignore = {c for c in COLUMNS if c.endswith("_seconds")}
+    rows = [[{k: v for k, v in m.items() if k not in ignore} for m in _metrics(out)] for out in fsdp_runs]
+    assert rows[0] == rows[1] and rows[0][-1]["optimizer_steps"] == 2
+
+
+def test_fsdp_needs_several_processes(config, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    assert main(["train", str(config), "train.sharding=fsdp", "--output-dir", str(out)]) == 2
+    assert "train.sharding=fsdp shards the policy update over processes" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="train.sharding: got 'zero3'"):
+        load_config(config, ["train.sharding=zero3"])

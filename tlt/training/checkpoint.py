@@ -69,11 +69,16 @@ RANK_LOCAL = ("tuner", "buffer", "drafter_optimizer")  # trainer-state keys each
 
 
 def save_checkpoint(
-    output_dir: str | Path, trainer: RLTrainer, metrics: list[dict], ranks: list[dict] | None = None
+    output_dir: str | Path,
+    trainer: RLTrainer,
+    metrics: list[dict],
+    ranks: list[dict] | None = None,
+    state: dict | None = None,
 ) -> Path:
     """Write the trainer's whole state after its last step into `<output_dir>/checkpoint` (see module doc).
 
-    ranks: from a multi-process run, per rank {"trainer": its RANK_LOCAL state, "rng": its `rng_state()`}.
+    ranks: from a multi-process run, per rank {"trainer": its RANK_LOCAL state, "rng": its `rng_state()`};
+    state: `trainer.state_dict()` when the caller already has it (a collective one, under FSDP).
     """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -84,7 +89,7 @@ def save_checkpoint(
         save_hf_folder(trainer.policy, trainer.tokenizer, tmp / "policy")
         if trainer.drafter is not None:
             trainer.drafter.save(tmp / "drafter")
-        payload = {"trainer": trainer.state_dict(), "rng": rng_state()}
+        payload = {"trainer": trainer.state_dict() if state is None else state, "rng": rng_state()}
         if ranks is not None:
             payload["trainer"] = {k: v for k, v in payload["trainer"].items() if k not in RANK_LOCAL}
             payload["ranks"] = ranks

@@ -40,6 +40,7 @@ import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -53,8 +54,9 @@ from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
 from tlt.schedulers.idle import IdleScheduler, Policy
 from tlt.training.checkpoint import RANK_LOCAL, rng_state, save_checkpoint
+from tlt.training.fsdp import ShardedPolicy
 from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats, update_policy
-from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics
+from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics, sharding_error
 from tlt.training.spot import DrafterStepper, SpotWorker
 
 POLL_SECONDS = 0.001  # the store wait of a step without drafter training
@@ -223,7 +225,12 @@ class DistributedRLTrainer(RLTrainer):
 
     Args: those of `RLTrainer`, plus `store`: shared by all ranks (`WorkerContext.store`), for the "all
     shares done" flags. Every rank builds it from the same policy, drafter and config.
+
+    Under `train.sharding=fsdp` the update runs on a `fsdp.ShardedPolicy` (its optimizer is `optimizer`), and
+    `state_dict` is collective too.
     """
+
+    SHARDINGS = ("replicate", "fsdp")
 
     def __init__(
         self,
@@ -241,6 +248,10 @@ class DistributedRLTrainer(RLTrainer):
         check_world(cfg, self.world_size)
         super().__init__(cfg, policy, tokenizer, problems, drafter, reward_fn, device)
         self.store = store
+        self.sharded = None
+        if cfg.train.sharding == "fsdp":
+            self.sharded = ShardedPolicy(self.policy, cfg.grpo, cfg.rollout.temperature, self.module.reference)
+            self.optimizer = self.sharded.optimizer
         self.recorder = None if self.stepper is None else _LossRecorder(self.stepper)
         self.spot = None
         if self.recorder is not None:
@@ -263,7 +274,7 @@ class DistributedRLTrainer(RLTrainer):
             )
             share, idle = spot.rollout, spot.stats.idle_seconds
         reconciled = self._clock()
-        update = update_policy_sharded(self.module, self.optimizer, gather_rows(share.batch), self.generator)
+        update = self._update(gather_rows(share.batch))
         update_end = self._clock()
         self.version += 1
         self._push()
@@ -296,14 +307,31 @@ class DistributedRLTrainer(RLTrainer):
         self.step_index += 1
         return metrics
 
+    def _update(self, batch: GRPOBatch) -> UpdateStats:
+        """The data-parallel policy update over the step's global `batch` (collective)."""
+        if self.sharded is None:
+            return update_policy_sharded(self.module, self.optimizer, batch, self.generator)
+        lengths = batch.attention_mask.sum(1).cpu()
+        rows = partial(balanced_share, lengths, world_size=self.world_size, rank=self.rank)
+        return self.sharded.update(batch, self.generator, rows)
+
+    def _optimizer_state(self) -> dict:
+        return super()._optimizer_state() if self.sharded is None else self.sharded.optimizer_state()
+
+    def _load_optimizer_state(self, state: dict) -> None:
+        if self.sharded is None:
+            super()._load_optimizer_state(state)
+        else:
+            self.sharded.load_optimizer_state(state)
+
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if self.spot is not None:
             self.spot.step = self.step_index  # store keys stay unique per step across a resume
 
-    def rank_state(self) -> dict:
-        """What only this rank has (its tuner, drafter buffer and drafter optimizer; its RNG), on CPU."""
-        state = self.state_dict()
+    def rank_state(self, state: dict) -> dict:
+        """What only this rank has in its `state_dict()` (its tuner, drafter buffer and drafter optimizer), and
+        its RNG, on CPU."""
         return _to_cpu({"trainer": {k: state[k] for k in RANK_LOCAL}, "rng": rng_state()})
 
     def _rollout_seed(self) -> int:
@@ -337,6 +365,8 @@ class DistributedRLTrainer(RLTrainer):
 
 def check_world(cfg: RunConfig, world_size: int) -> None:
     """What a run of `world_size` processes needs beyond one process's checks; raises ConfigError."""
+    if cfg.train.sharding == "fsdp" and world_size == 1:
+        raise ConfigError(sharding_error(cfg))
     if cfg.rollout.prompts_per_step < world_size:
         raise ConfigError(
             f"rollout.prompts_per_step: got {cfg.rollout.prompts_per_step} for {world_size} processes; each "
@@ -398,10 +428,11 @@ def _decode_sums(steps: list[DecodeStepStats]) -> list[float]:
 
 def save_distributed_checkpoint(output_dir, trainer: DistributedRLTrainer, metrics: list[dict]) -> None:
     """Collective: rank 0 gathers every rank's own state and writes the checkpoint (`save_checkpoint`)."""
+    state = trainer.state_dict()  # collective under train.sharding=fsdp
     gathered = [None] * trainer.world_size if trainer.rank == 0 else None
-    dist.gather_object(trainer.rank_state(), gathered, dst=0)
+    dist.gather_object(trainer.rank_state(state), gathered, dst=0)
     if trainer.rank == 0:
-        save_checkpoint(output_dir, trainer, metrics, ranks=gathered)
+        save_checkpoint(output_dir, trainer, metrics, ranks=gathered, state=state)
 
 
 def weights_digest(trainer: RLTrainer) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import lightning as L
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from tlt.config import GRPOConfig
 
@@ -157,6 +158,27 @@ def make_batch(
     return GRPOBatch(input_ids, attention, response, advantages.float().cpu(), sampler_logprobs=sampled)
 
 
+def hidden_and_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(post-norm hidden states [B, T, D], logits of positions 0 .. T - 2 [B, T - 1, V]) of an HF causal LM."""
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    return hidden, model.get_output_embeddings()(hidden[:, :-1])
+
+
+class HiddenAndLogits(torch.nn.Module):
+    """`hidden_and_logits` of `lm` as one module call. FSDP gathers a module's parameters in its forward, and
+    `policy_forward` calls the decoder and the LM head apart, so a sharded policy wraps its LM in this
+    (`tlt.training.fsdp`)."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return hidden_and_logits(self.lm, input_ids, attention_mask)
+
+
 def policy_forward(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -174,8 +196,10 @@ def policy_forward(
     """
     dtype = next(model.parameters()).dtype
     with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
-        hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, T, D]
-        logits = model.get_output_embeddings()(hidden[:, :-1])  # [B, T - 1, V]
+        if isinstance(model, HiddenAndLogits):
+            hidden, logits = model(input_ids, attention_mask)
+        else:
+            hidden, logits = hidden_and_logits(model, input_ids, attention_mask)
     log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [B, T - 1, V]
     logprobs = log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # [B, T - 1]
     entropy = -(log_probs.exp() * log_probs).sum(-1) if with_entropy else None  # [B, T - 1]
@@ -351,16 +375,29 @@ def recompute_old_logprobs(
     return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref)
 
 
-def accumulate_loss(module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float) -> torch.Tensor:
+def loss_chunks(module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor) -> list[torch.Tensor]:
+    """`accumulate_loss`'s micro-batches of `rows`: index tensors into `rows`."""
+    cfg = module.cfg
+    lengths = batch.attention_mask[rows].sum(1)
+    return micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens)
+
+
+def accumulate_loss(
+    module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float, passes: int = 0
+) -> torch.Tensor:
     """Backpropagate token_sum(GRPO loss over `rows` of `batch`) / denominator, one length-sorted micro-batch
-    at a time (`micro_batches`); the accumulated gradient is that of one forward over all the rows.
+    at a time (`loss_chunks`); the accumulated gradient is that of one forward over all the rows. Passes of
+    weight 0 over the batch's shortest row come first, as many as make `passes` forward + backward passes in
+    all: the workers of a sharded policy must all run as many (`tlt.training.fsdp`).
 
     Returns the token sums of (loss, policy_loss, kl, entropy, clip_fraction) over the rows, [5] float64.
     """
     sums = torch.zeros(5, dtype=torch.float64, device=batch.input_ids.device)
-    cfg = module.cfg
-    lengths = batch.attention_mask[rows].sum(1)
-    for index in micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens):
+    chunks = loss_chunks(module, batch, rows)
+    for _ in range(passes - len(chunks)):
+        shortest = batch.attention_mask.sum(1).argmin().view(1)
+        (module.loss(batch.rows(shortest)).loss * 0.0).backward()
+    for index in chunks:
         chunk = batch.rows(rows[index])
         out = module.loss(chunk)
         n = chunk.loss_mask.sum().double()
@@ -377,6 +414,7 @@ def update_policy(
     generator: torch.Generator,
     rows_here: Callable[[torch.Tensor], torch.Tensor] | None = None,
     sum_over_workers: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    accumulate: Callable[[GRPOModule, GRPOBatch, torch.Tensor, float], torch.Tensor] | None = None,
 ) -> UpdateStats:
     """`cfg.epochs` passes over `batch` (old log-probs filled in); a step per shuffled minibatch, its gradient
     accumulated over micro-batches of at most `cfg.micro_batch_tokens` padded tokens.
@@ -384,9 +422,11 @@ def update_policy(
     Data-parallel workers that all hold `batch` (`data_parallel.update_policy_sharded`) pass `rows_here`, the
     rows of a minibatch this worker backpropagates, and `sum_over_workers`, which sums the parameter gradients
     and the given loss sums ([5] float64) over the workers and returns the summed loss sums; without them this
-    process backpropagates every row.
+    process backpropagates every row. `accumulate` replaces `accumulate_loss` (a sharded policy's, whose
+    workers must all run as many forwards; `tlt.training.fsdp`).
     """
     cfg = module.cfg
+    accumulate = accumulate or accumulate_loss
     device = batch.input_ids.device
     minibatches = [
         index.to(device)
@@ -398,12 +438,12 @@ def update_policy(
         count = batch.loss_mask[index].sum().clamp(min=1).item()  # the minibatch's response tokens
         optimizer.zero_grad(set_to_none=True)
         mine = index if rows_here is None else rows_here(index).to(device)
-        sums = torch.zeros(5, dtype=torch.float64, device=device)  # token sums of the 5 loss terms
-        if mine.numel():
-            sums = accumulate_loss(module, batch, mine, count)
+        sums = accumulate(module, batch, mine, count)  # token sums of the 5 loss terms
         if sum_over_workers is not None:
             sums = sum_over_workers(sums)
         norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
+        if isinstance(norm, DTensor):  # a sharded policy's
+            norm = norm.full_tensor()
         optimizer.step()
         totals += torch.cat([sums.cpu() / count, norm.detach().double().cpu().view(1)])
     means = (totals / len(minibatches)).tolist()

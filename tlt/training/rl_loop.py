@@ -152,6 +152,13 @@ def check_rl_config(cfg: RunConfig) -> None:
         )
 
 
+def sharding_error(cfg: RunConfig) -> str:
+    return (
+        f"train.sharding={cfg.train.sharding} shards the policy update over processes and needs a multi-process "
+        "run (train.devices=N on CPU, torchrun on GPUs); one process updates its whole policy: use replicate"
+    )
+
+
 def decode_stats(steps: list[DecodeStepStats]) -> tuple[float, float]:
     """(acceptance length per SD verify and row, share of decode-step tokens from SD steps) of a generate."""
     sd = [s for s in steps if s.sd_on]
@@ -175,6 +182,8 @@ class RLTrainer:
         device: where policy, engine and buffer live (resolved by the caller).
     """
 
+    SHARDINGS = ("replicate",)  # train.sharding values it runs (fsdp: data_parallel.DistributedRLTrainer)
+
     def __init__(
         self,
         cfg: RunConfig,
@@ -186,6 +195,8 @@ class RLTrainer:
         device: torch.device | str = "cpu",
     ):
         check_rl_config(cfg)
+        if cfg.train.sharding not in self.SHARDINGS:
+            raise ConfigError(sharding_error(cfg))
         self.cfg, self.tokenizer, self.reward_fn = cfg, tokenizer, reward_fn
         self.device = torch.device(device)
         self.policy = policy.to(self.device).eval()
@@ -314,7 +325,7 @@ class RLTrainer:
         return {
             "step": self.step_index,
             "version": self.version,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self._optimizer_state(),
             "generator": self.generator.get_state(),
             "sampler": self.sampler.state_dict(),
             "reference": None if self.module.reference is None else self.module.reference.state_dict(),
@@ -338,7 +349,7 @@ class RLTrainer:
                     f"trainer state has {'no ' if state[key] is None else ''}{key!r} but this trainer "
                     f"{'needs' if owner is not None else 'has none'}: it was saved under another config"
                 )
-        self.optimizer.load_state_dict(state["optimizer"])
+        self._load_optimizer_state(state["optimizer"])
         self.generator.set_state(state["generator"])
         self.sampler.load_state_dict(state["sampler"])
         if self.module.reference is not None:
@@ -350,6 +361,12 @@ class RLTrainer:
             self.stepper.optimizer.load_state_dict(state["drafter_optimizer"])
         self.step_index, self.version = state["step"], state["version"]
         self._push()
+
+    def _optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def _load_optimizer_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
 
     def _rollout_seed(self) -> int:
         """The engine's sampling seed for this step's rollout."""

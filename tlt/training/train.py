@@ -63,6 +63,9 @@ def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict | None
     With `train.bootstrap_if_missing` a missing model.path is bootstrapped first; with `train.compare_baseline`
     the same run with TLT off follows in `<output_dir>/baseline` and the summary gains the comparison
     (`tlt.training.compare`)."""
+    from tlt.training.data_parallel import check_world
+
+    check_world(cfg, world_size(cfg))  # before a bootstrap: what the run's processes allow
     if cfg.train.bootstrap_if_missing:
         _bootstrap_if_missing(cfg)
     summary = _train(cfg, reward_fn)
