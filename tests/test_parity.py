@@ -8,7 +8,8 @@ import pytest
 from tests.tiny_model import save_tiny_model
 from tlt.cli import main
 from tlt.data import MathProblem, write_jsonl
-from tlt.parity import ParitySettings, detect_format
+from tlt.data.jsonl import detect_format
+from tlt.parity import ParitySettings
 
 
 @pytest.fixture(scope="module")

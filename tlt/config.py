@@ -51,7 +51,7 @@ class DataConfig:
     difficulty_decay: float = 0.7  # P(d) ~ decay^(d-1): most problems easy, a long tail of hard ones
     train_size: int = 20000  # problems for supervised bootstrap / RL prompts
     heldout_size: int = 256  # disjoint held-out problems for evaluation
-    jsonl: list[str] = field(default_factory=list)  # extra local GSM8K/MATH-format JSONL files
+    jsonl: list[str] = field(default_factory=list)  # GSM8K/MATH JSONL files: tlt train's prompts instead of the mix
     seed: int = 0
 
     def __post_init__(self) -> None:

@@ -9,12 +9,11 @@ output exactly, and any mismatch fails the run.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tlt.data.jsonl import Format, read_jsonl, write_jsonl
+from tlt.data.jsonl import detect_format, read_jsonl, write_jsonl
 from tlt.evaluation_lm import DecodeTotals, register_tlt_model, require_lm_eval
 from tlt.lm_tasks import TASK_FORMATS, write_task_dir
 from tlt.lm_tasks.metrics import METRICS
@@ -128,29 +127,6 @@ class ParityReport:
     @property
     def failed(self) -> bool:
         return self.outputs_must_match and bool(self.mismatches)
-
-
-def detect_format(path: str | Path) -> Format:
-    """ "gsm8k" or "math" from the keys of the first record; every line is then checked by read_jsonl."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no JSONL data file at {path}")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from e
-            if isinstance(obj, dict) and "question" in obj:
-                return "gsm8k"
-            if isinstance(obj, dict) and "problem" in obj:
-                return "math"
-            raise ValueError(
-                f'{path}:{lineno}: neither GSM8K ("question", "answer") nor MATH ("problem", "solution") format'
-            )
-    raise ValueError(f"{path} holds no records")
 
 
 def prepare_data(settings: ParitySettings, data_cfg, folder: Path) -> dict[str, Path]:

@@ -162,6 +162,7 @@ def test_missing_tensorboard_is_reported_once(tmp_path, monkeypatch, capsys):
         (["model.path=/nonexistent/policy"], ["model.path: /nonexistent/policy not found", "--config configs/"]),
         (["model.path=null"], ["model.path: not set", "tlt bootstrap"]),
         (["drafter.path=/nonexistent/drafter"], ["drafter.path: /nonexistent/drafter not found", "tlt train-drafter"]),
+        (["data.jsonl=[/nonexistent/gsm8k.jsonl]"], ["data.jsonl: /nonexistent/gsm8k.jsonl not found", "MATH-format"]),
     ],
 )
 def test_clear_errors(config, tmp_path, capsys, overrides, fragments):
@@ -210,3 +211,26 @@ def test_async_drafter_checkpoint_is_written_and_resumes_drafter_training(config
         torch.equal(restored[i]["exp_avg"], state["optimizer"]["state"][i]["exp_avg"]) for i in restored
     )
     trainer.close()
+
+
+def test_data_jsonl_files_are_the_rl_prompts(config, tmp_path):
+    """`data.jsonl`: GSM8K- and MATH-format files replace the generated mix as tlt train's prompts."""
+    from tlt.data.jsonl import write_jsonl
+    from tlt.data.splits import rl_problems
+    from tlt.data.tasks import MathProblem
+    from tlt.training.train import run_train
+
+    ours = [MathProblem(f"What is {i} + {i}?", f"{2 * i}", "mine", 1, None) for i in (101, 202, 303)]
+    write_jsonl(ours[:2], tmp_path / "a.jsonl", "gsm8k")
+    write_jsonl(ours[2:], tmp_path / "b.jsonl", "math")
+    files = f"data.jsonl=[{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}]"
+    cfg = load_config(config, [files, "grpo.steps=2", f"output_dir={tmp_path / 'run'}"])
+    assert [(p.question, p.answer) for p in rl_problems(cfg.data)] == [(p.question, p.answer) for p in ours]
+    golds = []
+
+    def reward(texts, answers):
+        golds.extend(answers)
+        return [0.0] * len(texts)
+
+    assert run_train(cfg, reward_fn=reward)["steps"] == 2
+    assert len(golds) == 2 * 2 * 4 and set(golds) <= {"202", "404", "606"}  # steps x prompts x samples

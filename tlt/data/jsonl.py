@@ -88,6 +88,34 @@ def read_jsonl(path: str | Path, fmt: Format) -> list[MathProblem]:
     return problems
 
 
+def detect_format(path: str | Path) -> Format:
+    """ "gsm8k" or "math" from the keys of the first record; every line is then checked by read_jsonl."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no JSONL data file at {path}")
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from e
+            if isinstance(obj, dict) and "question" in obj:
+                return "gsm8k"
+            if isinstance(obj, dict) and "problem" in obj:
+                return "math"
+            raise ValueError(
+                f'{path}:{lineno}: neither GSM8K ("question", "answer") nor MATH ("problem", "solution") format'
+            )
+    raise ValueError(f"{path} holds no records")
+
+
+def read_problems(path: str | Path) -> list[MathProblem]:
+    """All problems of a GSM8K- or MATH-format JSONL file (`detect_format`, then `read_jsonl`)."""
+    return read_jsonl(path, detect_format(path))
+
+
 def _body(solution: str | None, answer: str) -> str:
     """The reasoning part of one of our solutions (its final boxed line removed)."""
     if solution is None:

@@ -64,6 +64,17 @@ def training_problems(mix: TaskMix, n: int, seed: int) -> list[MathProblem]:
     return _take(_draws(mix, seed, "train"), n, lambda p: not is_heldout(p.question))
 
 
+def rl_problems(data_cfg) -> list[MathProblem]:
+    """The prompts of `tlt train` (a `tlt.config.DataConfig`): the problems of the `data.jsonl` files (GSM8K or
+    MATH format, in file order; the RL sampler shuffles them) when any are given, else `data.train_size`
+    generated training problems of the task mix."""
+    if data_cfg.jsonl:
+        from tlt.data.jsonl import read_problems
+
+        return [problem for path in data_cfg.jsonl for problem in read_problems(path)]
+    return training_problems(task_mix(data_cfg), data_cfg.train_size, data_cfg.seed)
+
+
 def heldout_problems(mix: TaskMix, n: int, seed: int) -> list[MathProblem]:
     """`n` distinct held-out problems, disjoint from every training set."""
     seen: set[str] = set()

@@ -42,7 +42,7 @@ import torch
 
 from tlt.config import ConfigError, RunConfig, to_yaml
 from tlt.data.rewards import math_rewards
-from tlt.data.splits import task_mix, training_problems
+from tlt.data.splits import rl_problems
 from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
 from tlt.training.checkpoint import (
     check_world_size,
@@ -66,6 +66,7 @@ def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict | None
     from tlt.training.data_parallel import check_world
 
     check_world(cfg, world_size(cfg))  # before a bootstrap: what the run's processes allow
+    check_data_paths(cfg)
     if cfg.train.bootstrap_if_missing:
         _bootstrap_if_missing(cfg)
     summary = _train(cfg, reward_fn)
@@ -104,7 +105,7 @@ def _train(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
         return _run_ranks(cfg, reward_fn, world)
     out = Path(cfg.output_dir)
     device = _device(cfg.train.device)
-    problems = training_problems(task_mix(cfg.data), cfg.data.train_size, cfg.data.seed)
+    problems = rl_problems(cfg.data)
     trainer, history = _start(cfg, out, problems, reward_fn, device)
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
     log = MetricsLog(out, history, cfg.train.tensorboard)
@@ -195,7 +196,7 @@ def _rank_main(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
 
     rank, world, lead = ctx.rank, ctx.world_size, ctx.rank == 0
     out = Path(cfg.output_dir)
-    problems = training_problems(task_mix(cfg.data), cfg.data.train_size, cfg.data.seed)
+    problems = rl_problems(cfg.data)
     found = [_resumable(cfg, out) if lead else None]
     dist.broadcast_object_list(found, src=0)  # every rank resumes from the checkpoint rank 0 found
     make = partial(DistributedRLTrainer, store=ctx.store)
@@ -288,11 +289,18 @@ def check_start_paths(cfg: RunConfig) -> None:
     """What a fresh run reads besides the config, checked before anything loads: model.path, and drafter.path
     when SD is on and one is given. Raises ConfigError / FileNotFoundError with the command that makes it."""
     _check_model_path(cfg)
+    check_data_paths(cfg)
     path = cfg.drafter.path
     if cfg.speculative.enabled and path and not Path(path).is_dir():
         raise FileNotFoundError(
             f"drafter.path: {path} not found; distil one first: `tlt train-drafter {cfg.model.path} --output {path}`"
         )
+
+
+def check_data_paths(cfg: RunConfig) -> None:
+    for data in cfg.data.jsonl:
+        if not Path(data).is_file():
+            raise FileNotFoundError(f"data.jsonl: {data} not found (a GSM8K- or MATH-format JSONL file of RL prompts)")
 
 
 def _check_model_path(cfg: RunConfig) -> None:
