@@ -106,3 +106,13 @@ def test_rl_configs_differ_only_in_tlt():
         "spot",
     )
     assert config_changes(baseline, tlt) == ["scheduler.policy", "speculative.enabled"]
+
+
+def test_the_gpu_preset_passes_the_checks_of_an_8_rank_run():
+    from tlt.training.data_parallel import check_world
+    from tlt.training.rl_loop import check_rl_config
+
+    cfg = load_config(Path(__file__).parents[1] / "configs" / "gpu_qwen2.5_7b.yaml")
+    check_rl_config(cfg)
+    check_world(cfg, 8)
+    assert cfg.train.sharding == "fsdp" and cfg.rollout.backend == "vllm" and cfg.rollout.engine_args

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -120,6 +121,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_seq_len: int = 1024  # prompt + response limit of the engine's KV cache
+    engine_args: dict[str, Any] = field(default_factory=dict)  # vllm / sglang engine keywords (dtype, memory)
 
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("native", "vllm", "sglang"))

@@ -36,6 +36,7 @@ from tlt.config import ConfigError, load_config
             ["rollout.backend=sglang", "speculative.tuner=fixed", "speculative.strategies=['3_1_4']"],
             "scheduler.policy=never",
         ),
+        (["rollout.engine_args.dtype=bfloat16"], "rollout.backend=native, which takes none"),
     ],
 )
 def test_backend_config_errors_name_the_key(overrides, match):

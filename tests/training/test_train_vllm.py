@@ -58,3 +58,14 @@ def test_two_processes_with_one_vllm_engine_each(config, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["devices"] == 2 and summary["replicas_identical"]
     assert float(_rows(out)[0]["logprob_gap"]) < 1e-4
+
+
+def test_fsdp_update_with_vllm_engines_taking_engine_args(config, tmp_path):
+    """The GPU preset's shape on CPU: 2 ranks, the update sharded by FSDP, vLLM engines in bfloat16 through
+    rollout.engine_args (their log-probs then differ from the float32 trainer's: the keyword reached vLLM)."""
+    out = tmp_path / "fsdp"
+    args = ["grpo.steps=1", "train.devices=2", "train.sharding=fsdp", "rollout.engine_args.dtype=bfloat16"]
+    assert main(["train", str(config), *args, "--output-dir", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["devices"] == 2 and summary["replicas_identical"]
+    assert float(_rows(out)[0]["logprob_gap"]) > 1e-3

@@ -21,6 +21,11 @@ def check_backend_config(cfg: RunConfig) -> None:
     from tlt.config import ConfigError
 
     backend, spec = cfg.rollout.backend, cfg.speculative
+    if cfg.rollout.engine_args and backend == "native":
+        raise ConfigError(
+            f"rollout.engine_args: keywords for the vllm / sglang engine, got {dict(cfg.rollout.engine_args)} with "
+            "rollout.backend=native, which takes none; remove them or pick rollout.backend=vllm"
+        )
     if spec.draft_int8 and (backend != "native" or cfg.drafter.kind != "eagle"):
         raise ConfigError(
             "speculative.draft_int8: int8 drafting is a native-engine option for the eagle drafter, got "
@@ -59,7 +64,8 @@ def engine_from_config(
     native: a deep copy of the policy in memory, the tuner of `speculative.tuner`. vllm / sglang: the policy is
     saved as an HF folder next to `work_dir` (by rank 0, collective when torch.distributed is initialized) and
     the engine loads it, writing its weight updates under `work_dir`; SD with `speculative.strategies[0]` while at
-    most `speculative.threshold` sequences run (tuner `fixed`). Prompts longer than the engine allows keep their
+    most `speculative.threshold` sequences run (tuner `fixed`), with `rollout.engine_args` passed to the engine
+    (e.g. dtype, gpu_memory_utilization). Prompts longer than the engine allows keep their
     last tokens. On CPU, the vllm engine of rank r is bound to core r.
     """
     from tlt.schedulers.tuners import tuner_from_config
@@ -98,6 +104,7 @@ def engine_from_config(
         truncate_prompts="left",
         work_dir=work_dir,
         seed=cfg.seed,
+        engine_args=dict(r.engine_args),
     )
     if r.backend == "vllm":
         from tlt.backends.vllm import VLLMEngine
