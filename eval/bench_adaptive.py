@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--configs", help="comma-separated subset of configuration names")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draft-int8", action="store_true", help="EAGLE drafters draft in int8 (NativeEngine draft_int8)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the GPU regime: decoding flat in batch size)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             max_seq_len=max(map(len, prompts)) + args.max_new_tokens,
             tuner=TimedTuner(tuner),
             drafter=drafter,
+            device=args.device,
             draft_int8=args.draft_int8,
         )
     rounds: dict[str, list[dict]] = {name: [] for name in engines}

@@ -22,7 +22,7 @@ def cpu_model() -> str:
 
 
 def describe_machine() -> dict:
-    """CPU, cores, load, library versions and torch threads, for the report header."""
+    """CPU, cores, load, library versions, torch threads and the GPU (None without CUDA), for report headers."""
     import transformers
 
     return {
@@ -36,4 +36,5 @@ def describe_machine() -> dict:
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
     }

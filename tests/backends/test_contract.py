@@ -4,7 +4,8 @@ Each backend runs on the same saved random Qwen2 folder and is compared with the
 output shapes and finish reasons, greedy outputs (float32) and log-probs, weight updates, drafter updates that
 leave greedy output unchanged (and do take effect), speculative sampling that keeps the target's distribution,
 and clear errors for what a backend does not support. The vllm rows need the `vllm` package (run them in the
-vllm environment: `make test-vllm`); the sglang rows need SGLang and a CUDA GPU and are skipped otherwise.
+vllm environment: `make test-vllm`); the native-cuda rows (the native engine on a GPU, against the CPU reference)
+need a CUDA GPU and the sglang rows SGLang too; they are skipped otherwise (`eval/gpu_checks.sh` runs them).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ def _has_gpu_sglang() -> bool:
 
 BACKENDS = [
     pytest.param("native", id="native"),
+    pytest.param(
+        "native-cuda",
+        marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")],
+        id="native-cuda",
+    ),
     pytest.param("vllm", marks=pytest.mark.vllm, id="vllm"),
     pytest.param(
         "sglang",
@@ -94,10 +100,11 @@ class Engines:
         return self.cache[setup]
 
     def build(self, drafter=None, strategy=None, sd_max_batch=None):
-        if self.backend == "native":
+        if self.backend.startswith("native"):
             model, _ = load_hf_folder(self.folder)
             tuner = None if drafter is None else FixedTuner(strategy, sd_max_batch or 10**6)
-            return NativeEngine(model, self.eos, MAX_SEQ, tuner=tuner, drafter=drafter)
+            device = "cuda" if self.backend == "native-cuda" else "cpu"
+            return NativeEngine(model, self.eos, MAX_SEQ, tuner=tuner, drafter=drafter, device=device)
         if self.backend == "vllm":
             from tlt.backends.vllm import VLLMEngine
 

@@ -234,3 +234,15 @@ def test_data_jsonl_files_are_the_rl_prompts(config, tmp_path):
 
     assert run_train(cfg, reward_fn=reward)["steps"] == 2
     assert len(golds) == 2 * 2 * 4 and set(golds) <= {"202", "404", "606"}  # steps x prompts x samples
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_two_steps_on_cuda_then_a_resume(config, tmp_path):
+    """The same run on a GPU (`eval/gpu_checks.sh`): the engine's log-probs match the recompute, it resumes."""
+    out = tmp_path / "run"
+    assert _train(config, out, "grpo.steps=2", "train.device=cuda") == 0
+    assert _train(config, out, "grpo.steps=3", "train.device=cuda") == 0
+    metrics = json.loads((out / "checkpoint" / "metrics.json").read_text())
+    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert all(m["logprob_gap"] < 1e-3 and m["sd_token_share"] > 0 for m in metrics)
