@@ -54,13 +54,20 @@ def fsdp():
 @pytest.fixture(scope="module")
 def fsdp_runs(config, tmp_path_factory):  # noqa: F811
     """`tlt train` under train.sharding=fsdp on 2 ranks (drafter trained between steps, timing-independent):
-    3 steps straight, and 2 steps resumed to 3."""
+    3 steps straight, 2 steps resumed to 3, and the same 2 steps resumed to 3 under train.sharding=replicate."""
     root = tmp_path_factory.mktemp("fsdp")
-    common = ["train.devices=2", "train.sharding=fsdp", "scheduler.policy=between_steps"]
-    for name, steps in (("straight", [3]), ("resumed", [2, 3])):
-        for n in steps:
-            assert main(["train", str(config), *common, f"grpo.steps={n}", "--output-dir", str(root / name)]) == 0
-    return root / "straight", root / "resumed"
+    common = ["train.devices=2", "scheduler.policy=between_steps"]
+
+    def train(name: str, steps: int, sharding: str = "fsdp") -> None:
+        args = [*common, f"train.sharding={sharding}", f"grpo.steps={steps}", "--output-dir", str(root / name)]
+        assert main(["train", str(config), *args]) == 0
+
+    train("straight", 3)
+    train("resumed", 2)
+    shutil.copytree(root / "resumed", root / "switched")
+    train("resumed", 3)
+    train("switched", 3, "replicate")
+    return root / "straight", root / "resumed", root / "switched"
 
 
 def _metrics(out) -> list[dict]:
@@ -190,21 +197,30 @@ def test_fsdp_optimizer_state_is_saved_in_the_replicated_layout_and_loads_back(f
 
 
 def test_an_fsdp_run_resumes_bit_for_bit_with_identical_replicas(fsdp_runs):
-    straight, resumed = fsdp_runs
-    for out in fsdp_runs:
+    straight, resumed, _ = fsdp_runs
+    for out in (straight, resumed):
         summary = json.loads((out / "summary.json").read_text())
         assert summary["steps"] == 3 and summary["devices"] == 2 and summary["replicas_identical"]
-    weights = [load_file(out / "checkpoint" / "policy" / "model.safetensors") for out in fsdp_runs]
+    weights = [load_file(out / "checkpoint" / "policy" / "model.safetensors") for out in (straight, resumed)]
     assert weights[0].keys() == weights[1].keys()
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-    states = [torch.load(out / "checkpoint" / "trainer.pt", weights_only=True)["trainer"] for out in fsdp_runs]
+    files = [out / "checkpoint" / "trainer.pt" for out in (straight, resumed)]
+    states = [torch.load(f, weights_only=True)["trainer"] for f in files]
     optimizer = [s["optimizer"]["state"] for s in states]
     assert optimizer[0].keys() == optimizer[1].keys() and all(isinstance(k, int) for k in optimizer[0])
     for k in optimizer[0]:
         assert all(torch.equal(optimizer[0][k][n], optimizer[1][k][n]) for n in optimizer[0][k])
     ignore = {c for c in COLUMNS if c.endswith("_seconds")}
-    rows = [[{k: v for k, v in m.items() if k not in ignore} for m in _metrics(out)] for out in fsdp_runs]
+    rows = [[{k: v for k, v in m.items() if k not in ignore} for m in _metrics(out)] for out in (straight, resumed)]
     assert rows[0] == rows[1] and rows[0][-1]["optimizer_steps"] == 2
+
+
+def test_an_fsdp_checkpoint_resumes_under_replicate(fsdp_runs):
+    straight, _, switched = fsdp_runs
+    assert json.loads((switched / "summary.json").read_text())["replicas_identical"]
+    a, b = (load_file(out / "checkpoint" / "policy" / "model.safetensors") for out in (straight, switched))
+    for k in a:  # the same rollouts, an update equal up to float summation order (AdamW moves weights ~1e-3)
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=1e-5)
 
 
 def test_fsdp_needs_several_processes(config, tmp_path, capsys):  # noqa: F811
