@@ -10,8 +10,10 @@ work on it: the old log-prob recompute and one update (`grpo.update_policy`), in
 
 Every repeat starts from the same policy and a fresh optimizer, so both cuts do the same arithmetic on real
 tokens; they differ in padding and in the number of forwards. With `--compare precision` the two variants are
-`grpo.precision` 32-true and bf16-mixed (bf16 autocast), both with the default cut. Reported: padded / real
-tokens, forwards, and the median seconds over `--repeats` after a warm-up (which variant goes first
+`grpo.precision` 32-true and bf16-mixed (bf16 autocast), both with the default cut; with `--compare
+checkpointing`, `grpo.activation_checkpointing` off (`stored`) and on (`checkpointed`). Reported: padded / real
+tokens, forwards, the activations autograd keeps for the backward of the largest micro-batch (distinct
+storages, weights excluded), and the median seconds over `--repeats` after a warm-up (which variant goes first
 alternates), one torch thread.
 
   OMP_NUM_THREADS=1 python -m eval.bench_policy_update --model runs/small/model --out runs/bench-update
@@ -49,6 +51,7 @@ from tlt.training.grpo import (
 
 CUTS = {"fewest": 10**9, "default": GRPOConfig.micro_batch_overhead_tokens}
 PRECISIONS = ("32-true", "bf16-mixed")
+TITLES = {"cuts": "micro-batch cuts", "precision": "precisions", "checkpointing": "activation checkpointing off / on"}
 
 
 def variants(compare: str, minibatch_size: int) -> dict[str, GRPOConfig]:
@@ -57,6 +60,11 @@ def variants(compare: str, minibatch_size: int) -> dict[str, GRPOConfig]:
         return {
             name: GRPOConfig(minibatch_size=minibatch_size, micro_batch_overhead_tokens=cost)
             for name, cost in CUTS.items()
+        }
+    if compare == "checkpointing":
+        return {
+            name: GRPOConfig(minibatch_size=minibatch_size, activation_checkpointing=name == "checkpointed")
+            for name in ("stored", "checkpointed")
         }
     return {name: GRPOConfig(minibatch_size=minibatch_size, precision=name) for name in PRECISIONS}
 
@@ -94,6 +102,33 @@ def padding(batch: GRPOBatch, cfg: GRPOConfig, generator_seed: int) -> dict:
     return {"padded": padded, "real": real, "forwards": forwards}
 
 
+def saved_bytes(fn, exclude: set[int] = frozenset()) -> int:
+    """Bytes of the distinct storages autograd keeps from `fn`'s forwards for their backward, those whose
+    data pointer is in `exclude` (the weights) left out."""
+    storages = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in exclude:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def activation_bytes(model, batch: GRPOBatch, cfg: GRPOConfig) -> int:
+    """Activations kept for the backward of the update's largest micro-batch under `cfg` (weights excluded)."""
+    module = GRPOModule(copy.deepcopy(model), cfg, temperature=1.0)
+    full = recompute_old_logprobs(module, batch)
+    lengths = full.attention_mask.sum(1)
+    groups = micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens)
+    largest = max(groups, key=lambda g: len(g) * int(lengths[g].max()))
+    weights = {p.untyped_storage().data_ptr() for p in module.policy.parameters()}
+    return saved_bytes(lambda: module.loss(full.rows(largest)), weights)
+
+
 def timed_update(model, batch: GRPOBatch, cfg: GRPOConfig, seed: int) -> float:
     """Seconds of the recompute + one update from a copy of `model` (the trainer's work on one rollout)."""
     module = GRPOModule(copy.deepcopy(model), cfg, temperature=1.0)
@@ -109,21 +144,23 @@ def render(report: dict) -> str:
     lengths = report["response_lengths"]
     first = next(iter(report["variants"]))
     lines = [
-        f"# GRPO update of one rollout: {'micro-batch cuts' if s['compare'] == 'cuts' else 'precisions'} side by side",
+        f"# GRPO update of one rollout: {TITLES[s['compare']]} side by side",
         "",
         f"`{s['model']}`, {s['prompts']} prompts x {s['samples']} samples at T = 1 (response tokens: p50 "
         f"{lengths['p50']}, max {lengths['max']}, mean {lengths['mean']:.0f}); recompute + one update, "
         f"minibatches of {s['minibatch_size']}, {s['micro_batch_tokens']} tokens per micro-batch at most; medians "
         f"of {s['repeats']} repeats.",
         "",
-        f"| variant | precision | forward cost (tokens) | forwards | padded / real tokens | seconds | vs {first} |",
-        "|---|---|---:|---:|---:|---:|---:|",
+        f"| variant | precision | checkpointing | forward cost (tokens) | forwards | padded / real tokens | "
+        f"activations kept (MiB) | seconds | vs {first} |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     base = report["variants"][first]["seconds"]
     for name, row in report["variants"].items():
         lines.append(
-            f"| {name} | {row['precision']} | {row['overhead_tokens']} | {row['forwards']} | "
-            f"{row['padded'] / row['real']:.2f} | {row['seconds']:.2f} | {base / row['seconds']:.2f}x |"
+            f"| {name} | {row['precision']} | {'on' if row['activation_checkpointing'] else 'off'} | "
+            f"{row['overhead_tokens']} | {row['forwards']} | {row['padded'] / row['real']:.2f} | "
+            f"{row['activation_mib']:.1f} | {row['seconds']:.2f} | {base / row['seconds']:.2f}x |"
         )
     lines += ["", "Machine: " + json.dumps(report["machine"])]
     return "\n".join(lines) + "\n"
@@ -138,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minibatch-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--compare", choices=("cuts", "precision"), default="cuts")
+    p.add_argument("--compare", choices=("cuts", "precision", "checkpointing"), default="cuts")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     if not Path(args.model, "config.json").is_file():
@@ -170,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             name: {
                 "overhead_tokens": cfg.micro_batch_overhead_tokens,
                 "precision": cfg.precision,
+                "activation_checkpointing": cfg.activation_checkpointing,
+                "activation_mib": activation_bytes(model, batch, cfg) / 2**20,
                 "seconds": statistics.median(seconds[name]),
                 "all": seconds[name],
             }

@@ -32,7 +32,7 @@ def test_end_to_end_report(tmp_path, capsys):
     for row in report["variants"].values():
         assert len(row["all"]) == 2 and row["seconds"] > 0 and row["padded"] >= row["real"] > 0
     assert report["variants"]["default"]["padded"] <= report["variants"]["fewest"]["padded"]
-    assert "| fewest | 32-true | 1000000000 |" in (out / "update.md").read_text()
+    assert "| fewest | 32-true | off | 1000000000 |" in (out / "update.md").read_text()
     assert "2 prompts x 3 samples" in capsys.readouterr().out
 
 
@@ -50,3 +50,14 @@ def test_precision_comparison_runs_both_precisions_on_the_same_cut(tmp_path):
 def test_a_missing_model_is_a_clear_error(tmp_path, capsys):
     assert main(["--model", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     assert "no HF model folder" in capsys.readouterr().err
+
+
+def test_checkpointing_comparison_keeps_fewer_activations(tmp_path):
+    model = save_math_policy(tmp_path / "model")
+    out = tmp_path / "bench"
+    args = ["--model", str(model), "--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1"]
+    assert main([*args, "--compare", "checkpointing", "--out", str(out)]) == 0
+    rows = json.loads((out / "update.json").read_text())["variants"]
+    assert not rows["stored"]["activation_checkpointing"] and rows["checkpointed"]["activation_checkpointing"]
+    assert 0 < rows["checkpointed"]["activation_mib"] < rows["stored"]["activation_mib"]
+    assert "activation checkpointing off / on side by side" in (out / "update.md").read_text()

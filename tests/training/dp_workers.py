@@ -107,11 +107,11 @@ def run_equivalence(ctx: WorkerContext) -> dict:
     return {name: update_equivalence(ctx, name) for name in ("adamw", "sgd")}
 
 
-def fsdp_equivalence(ctx: WorkerContext) -> dict:
+def fsdp_equivalence(ctx: WorkerContext, checkpointing: bool = False) -> dict:
     """Two updates of the same rows (AdamW, KL and entropy on, micro-batches of ~2 rows so that the ranks'
-    micro-batch counts differ) by the replicated data-parallel update and by `ShardedPolicy`; then the
-    sharded optimizer state is saved in the replicated layout, loaded into a fresh `ShardedPolicy`, and a
-    third update is taken by both."""
+    micro-batch counts differ) by the replicated data-parallel update and by `ShardedPolicy` (with activation
+    checkpointing if asked); then the sharded optimizer state is saved in the replicated layout, loaded into
+    a fresh `ShardedPolicy`, and a third update is taken by both."""
     from tlt.training.data_parallel import balanced_share
     from tlt.training.fsdp import ShardedPolicy
 
@@ -121,7 +121,8 @@ def fsdp_equivalence(ctx: WorkerContext) -> dict:
     replicated = GRPOModule(policy, cfg, temperature=1.0, reference=copy.deepcopy(policy))
     full, _ = replicated.recompute(_fixed_batch())
     replica = copy.deepcopy(policy)
-    sharded = ShardedPolicy(replica, cfg, 1.0, replicated.reference)
+    sharded_cfg = dataclasses.replace(cfg, activation_checkpointing=checkpointing)
+    sharded = ShardedPolicy(replica, sharded_cfg, 1.0, replicated.reference)
     lengths = full.attention_mask.sum(1)
     rows = functools.partial(balanced_share, lengths, world_size=ctx.world_size, rank=ctx.rank)
     calls = {"replicated": _count_calls(replicated, "loss"), "sharded": _count_calls(sharded.module, "loss")}
@@ -134,7 +135,7 @@ def fsdp_equivalence(ctx: WorkerContext) -> dict:
     out = {"start": start, "stats": stats, "calls": {k: v["n"] for k, v in calls.items()}}
     out["params"] = (_flat(replicated.policy), _flat(replica))
     out["states"] = (copy.deepcopy(adamw.state_dict()), sharded.optimizer_state())
-    fresh = ShardedPolicy(copy.deepcopy(replica), cfg, 1.0, replicated.reference)
+    fresh = ShardedPolicy(copy.deepcopy(replica), sharded_cfg, 1.0, replicated.reference)
     fresh.load_optimizer_state(out["states"][1])
     sharded.update(full, torch.Generator().manual_seed(2), rows)
     fresh.update(full, torch.Generator().manual_seed(2), rows)

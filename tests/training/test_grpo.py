@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from eval.bench_policy_update import saved_bytes
 from tlt.config import GRPOConfig
 from tlt.models.presets import build_model
 from tlt.training.grpo import (
@@ -245,3 +246,34 @@ def test_kl_needs_a_reference(policy):
         GRPOModule(policy, GRPOConfig(kl_coef=0.1), temperature=1.0)
     with pytest.raises(ValueError, match="temperature"):
         GRPOModule(policy, GRPOConfig(), temperature=0.0)
+
+
+def test_activation_checkpointing_keeps_the_update_and_saves_fewer_activations():
+    torch.set_num_threads(1)
+    _, _, batch = _batch()
+    results = {}
+    for on in (False, True):
+        model = build_model("test", vocab_size=300, seed=1)
+        module = GRPOModule(model, GRPOConfig(lr=1e-2, epochs=2, minibatch_size=3, activation_checkpointing=on), 1.0)
+        full, _ = module.recompute(batch)
+        saved = saved_bytes(lambda m=module, b=full: m.loss(b))
+        model.zero_grad(set_to_none=True)
+        stats = update_policy(module, module.configure_optimizers(), full, torch.Generator().manual_seed(0))
+        results[on] = (saved, stats, [p.detach().clone() for p in model.parameters()])
+    assert results[True][1] == results[False][1]
+    assert all(torch.equal(a, b) for a, b in zip(results[True][2], results[False][2], strict=True))
+    assert results[True][0] < 0.6 * results[False][0]  # only each layer's inputs are kept
+
+
+def test_a_deep_copy_of_a_checkpointed_policy_runs_its_own_weights():
+    import copy
+
+    model = build_model("test", vocab_size=300, seed=1)
+    GRPOModule(model, GRPOConfig(activation_checkpointing=True), 1.0)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.mul_(0.5)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert not torch.allclose(twin(ids).logits, model(ids).logits)
+    assert twin.model.layers[0].forward.__self__ is twin.model.layers[0]

@@ -45,10 +45,11 @@ def equivalence():
     return launch_cpu(dp_workers.run_equivalence, 2, timeout_s=60)
 
 
-@pytest.fixture(scope="module")
-def fsdp():
-    """Per rank, `ShardedPolicy` against the replicated update (`dp_workers.fsdp_equivalence`)."""
-    return launch_cpu(dp_workers.fsdp_equivalence, 2, timeout_s=120)
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "activation-checkpointing"])
+def fsdp(request):
+    """Per rank, `ShardedPolicy` (with or without activation checkpointing) against the replicated update
+    (`dp_workers.fsdp_equivalence`)."""
+    return launch_cpu(dp_workers.fsdp_equivalence, 2, request.param, timeout_s=120)
 
 
 @pytest.fixture(scope="module")

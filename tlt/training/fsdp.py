@@ -38,6 +38,7 @@ from tlt.training.grpo import (
     HiddenAndLogits,
     UpdateStats,
     accumulate_loss,
+    decoder_layers,
     loss_chunks,
     update_policy,
 )
@@ -64,7 +65,7 @@ class ShardedPolicy:
         device = next(replica.parameters()).device
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         wrapped = HiddenAndLogits(copy.deepcopy(replica))
-        for layer in _decoder_layers(wrapped.lm):
+        for layer in decoder_layers(wrapped.lm):
             fully_shard(layer, mesh=mesh)
         fully_shard(wrapped, mesh=mesh)  # the rest: embedding, final norm, LM head
         for part in wrapped.modules():
@@ -106,19 +107,6 @@ class ShardedPolicy:
             for index, entry in state["state"].items()
         }
         self.optimizer.load_state_dict({"state": sharded, "param_groups": state["param_groups"]})
-
-
-def _decoder_layers(lm: torch.nn.Module) -> list[torch.nn.Module]:
-    """The units FSDP shards one by one: the modules of the classes HF names in `_no_split_modules` (the
-    decoder layers of Qwen2 / Llama)."""
-    names = set(getattr(lm, "_no_split_modules", None) or ())
-    layers = [m for m in lm.modules() if type(m).__name__ in names]
-    if not layers:
-        raise ValueError(
-            f"train.sharding=fsdp: {type(lm).__name__} names no decoder layer class in _no_split_modules; "
-            "use train.sharding=replicate"
-        )
-    return layers
 
 
 def _full_copy(value):

@@ -8,6 +8,7 @@ log_softmax(logits / temperature), the distribution the engine sampled from (`Ro
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,6 +16,7 @@ import lightning as L
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
 
 from tlt.config import GRPOConfig
 
@@ -162,8 +164,36 @@ def hidden_and_logits(
     model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(post-norm hidden states [B, T, D], logits of positions 0 .. T - 2 [B, T - 1, V]) of an HF causal LM."""
-    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     return hidden, model.get_output_embeddings()(hidden[:, :-1])
+
+
+def decoder_layers(lm: torch.nn.Module) -> list[torch.nn.Module]:
+    """An HF causal LM's decoder layers: the modules of the classes it names in `_no_split_modules` (Qwen2 /
+    Llama: their decoder layer)."""
+    names = set(getattr(lm, "_no_split_modules", None) or ())
+    layers = [m for m in lm.modules() if any(c.__name__ in names for c in type(m).__mro__)]  # FSDP subclasses too
+    if not layers:
+        raise ValueError(f"{type(lm).__name__} names no decoder layer class in _no_split_modules")
+    return layers
+
+
+def checkpoint_activations(lm: torch.nn.Module) -> None:
+    """Make each decoder layer of `lm` recompute its activations in the backward (torch.utils.checkpoint,
+    non-reentrant) instead of keeping them from the forward; without gradients it runs as before. Parameter
+    names, outputs and gradients stay the same. The layer's `forward` is replaced by a method bound to it, so a
+    deep copy of `lm` (the engine's, a reference) runs its own weights. Module hooks (FSDP's) stay outside
+    the checkpointed region."""
+    for layer in decoder_layers(lm):
+        if not isinstance(layer.forward, types.MethodType) or layer.forward.__func__ is not _checkpointed_forward:
+            layer.forward = types.MethodType(_checkpointed_forward, layer)
+
+
+def _checkpointed_forward(layer: torch.nn.Module, *args, **kwargs):
+    forward = type(layer).forward
+    if not torch.is_grad_enabled():
+        return forward(layer, *args, **kwargs)
+    return checkpoint(forward, layer, *args, use_reentrant=False, **kwargs)
 
 
 class HiddenAndLogits(torch.nn.Module):
@@ -241,6 +271,8 @@ class GRPOModule(L.LightningModule):
       the paper.
     - Log-probs at the sampling temperature; dropout off (eval mode); no dynamic sampling or overlong
       filtering: zero-advantage groups and truncated responses stay in the batch (and in the token mean).
+    - `grpo.activation_checkpointing=true` recomputes each decoder layer in the backward (same gradients, less
+      memory; `checkpoint_activations`).
     - `grpo.precision=bf16-mixed` runs the recompute and the update's forwards under bf16 autocast (weights,
       gradients and AdamW state stay float32; log-softmax in float32). pi_old and pi come from the same
       arithmetic, so rho is exactly 1 on the first minibatch either way.
@@ -259,6 +291,8 @@ class GRPOModule(L.LightningModule):
         if cfg.kl_coef > 0 and reference is None:
             raise ValueError(f"grpo.kl_coef={cfg.kl_coef} needs a reference policy; pass `reference`")
         self.policy = policy.eval()
+        if cfg.activation_checkpointing:
+            checkpoint_activations(policy.lm if isinstance(policy, HiddenAndLogits) else policy)
         self.reference = None if reference is None else reference.eval().requires_grad_(False)
         self.cfg, self.temperature = cfg, temperature
 
