@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU checks of the open issues in one short run (sized for the device tool's 10-minute command and
 # 15-minute session budget on one H100 / H200):
-#   1. the contract suite's native-cuda rows and `tlt train` on CUDA (pytest -m gpu),
+#   1. the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA (pytest -m gpu),
 #   2. #4: adaptive rollout vs SD-never vs each fixed strategy vs the reference buckets (eval.bench_adaptive),
 #   3. #6: TLT vs TLT off, 12 GRPO steps each on the quickstart model, step / rollout ratios and Amdahl bound.
 #
@@ -44,7 +44,7 @@ log "environment"
 
 log "1/3 pytest -m gpu (native engine on $DEVICE against the CPU reference; tlt train on $DEVICE)"
 timeout 120 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/backends/test_contract.py \
-  tests/training/test_train_cli.py >"$OUT/tests.log" 2>&1 || status=1
+  tests/training/test_train_cli.py tests/training/test_distill.py >"$OUT/tests.log" 2>&1 || status=1
 tail -n 25 "$OUT/tests.log"
 
 log "2/3 #4 adaptive rollout benchmark ($PROMPTS prompts x $SAMPLES samples, T = 1, up to $NEW tokens)"

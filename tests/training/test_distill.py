@@ -94,3 +94,35 @@ def test_train_drafter_refuses_ngram(tmp_path):
 
     with pytest.raises(ConfigError, match="eagle or small_lm"):
         run_train_drafter(load_config(None, ["drafter.kind=ngram"]), tmp_path / "model", tmp_path / "d")
+
+
+def test_distillation_prompts_come_from_data_jsonl_when_given(tmp_path):
+    from tlt.config import load_config
+    from tlt.data.jsonl import write_jsonl
+    from tlt.data.tasks import MathProblem
+    from tlt.training.distill import distillation_prompts
+
+    ours = [MathProblem(f"What is {i} + 1?", str(i + 1), "mine", 1, None) for i in range(10)]
+    write_jsonl(ours, tmp_path / "mine.jsonl", "gsm8k")
+    files = f"data.jsonl=[{tmp_path / 'mine.jsonl'}]"
+    cfg = load_config(None, [files, "drafter.eval_prompts=3", "drafter.distill_prompts=100"])
+    train, heldout = distillation_prompts(cfg)
+    assert len(heldout) == 3 and len(train) == 7  # every problem once; held-out ones disjoint from training
+    assert {p.question for p in train + heldout} == {p.question for p in ours}
+    generated, _ = distillation_prompts(load_config(None, ["drafter.distill_prompts=5"]))
+    assert len(generated) == 5 and all(p.family != "mine" for p in generated)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_train_drafter_on_cuda(tmp_path):
+    """`tlt train-drafter` on a GPU (`eval/gpu_checks.sh`): distils there and saves a loadable drafter."""
+    from tests.tiny_model import save_math_policy
+    from tlt.config import load_config
+    from tlt.training.distill import run_train_drafter
+
+    model = save_math_policy(tmp_path / "model")
+    overrides = ["train.device=cuda", "drafter.train_steps=20", "drafter.distill_prompts=16", "drafter.eval_prompts=4"]
+    report = run_train_drafter(load_config(None, overrides), model, tmp_path / "drafter", progress=False)
+    assert report.steps == 20 and report.accept_after > 0
+    assert load_drafter(tmp_path / "drafter").kind == "eagle"

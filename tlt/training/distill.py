@@ -63,7 +63,9 @@ def collect_sequences(
     token; its loss mask marks the response tokens.
     """
     max_seq_len = min(max(map(len, prompts)) + sampling.max_new_tokens, model.config.max_position_embeddings)
-    engine = NativeEngine(model, eos_token_id, max_seq_len, return_hidden=True, truncate_prompts="left")
+    engine = NativeEngine(
+        model, eos_token_id, max_seq_len, return_hidden=True, truncate_prompts="left", device=model.device
+    )
     out = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
@@ -86,7 +88,7 @@ def collect_responses(
 ) -> list[SFTExample]:
     """The target's response to each prompt as an SFT example: prompt + response (its EOS included)."""
     max_seq_len = min(max(map(len, prompts)) + sampling.max_new_tokens, model.config.max_position_embeddings)
-    engine = NativeEngine(model, eos_token_id, max_seq_len, truncate_prompts="left")
+    engine = NativeEngine(model, eos_token_id, max_seq_len, truncate_prompts="left", device=model.device)
     out = []
     for start in range(0, len(prompts), batch_size):
         for r in engine.generate(prompts[start : start + batch_size], sampling):
@@ -105,7 +107,9 @@ def acceptance_length(
     """Greedy SD on every step; mean tokens per SD step and row (accepted drafts + 1 bonus token)."""
     max_seq_len = min(max(map(len, prompts)) + max_new_tokens, model.config.max_position_embeddings)
     tuner = FixedTuner(strategy, threshold=len(prompts))
-    engine = NativeEngine(model, eos_token_id, max_seq_len, tuner=tuner, drafter=drafter, truncate_prompts="left")
+    engine = NativeEngine(
+        model, eos_token_id, max_seq_len, tuner=tuner, drafter=drafter, truncate_prompts="left", device=model.device
+    )
     engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=max_new_tokens))
     sd = [s for s in engine.step_stats if s.sd_on]
     rows = sum(s.running_batch for s in sd)
@@ -133,7 +137,7 @@ def distill_drafter(
         data = collect_sequences(model, train_prompts, sampling, eos_token_id)
         pairs = sum(int(s.loss_mask[1:].sum()) for s in data)
         _say(progress, f"{len(data)} sequences, {pairs} response pairs; training {cfg.train_steps} steps")
-        buffer = DrafterBuffer(max_bytes=max(1, sum(s.nbytes for s in data)), seed=seed)
+        buffer = DrafterBuffer(max_bytes=max(1, sum(s.nbytes for s in data)), seed=seed, device=model.device)
         buffer.add(data)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
@@ -243,26 +247,46 @@ def _say(enabled: bool, text: str) -> None:
 
 
 def run_train_drafter(cfg, model_path: str | Path, out: str | Path, progress: bool = True) -> DistillReport:
-    """`tlt train-drafter`: distil a cfg.drafter.kind drafter for the HF folder `model_path` into `out`."""
+    """`tlt train-drafter`: distil a cfg.drafter.kind drafter for the HF folder `model_path` into `out`, on
+    `train.device` (auto: CUDA when available). Prompts: `distillation_prompts`."""
     from tlt.config import ConfigError
     from tlt.data.prompts import format_prompt
-    from tlt.data.splits import heldout_problems, task_mix, training_problems
     from tlt.models.io import load_hf_folder
+    from tlt.training.train import check_data_paths, resolve_device
 
     d = cfg.drafter
     if d.kind not in DISTILLERS:
         raise ConfigError(f"drafter.kind: got {d.kind!r}; train-drafter distils {' or '.join(DISTILLERS)} drafters")
+    check_data_paths(cfg)
+    device = resolve_device(cfg.train.device)
     model, tokenizer = load_hf_folder(model_path)
-    mix = task_mix(cfg.data)
+    model.to(device)
 
     def encode(problems) -> list[list[int]]:
         return [tokenizer.encode(format_prompt(p.question)) for p in problems]
 
-    train = encode(training_problems(mix, d.distill_prompts, cfg.data.seed))
-    heldout = encode(heldout_problems(mix, d.eval_prompts, cfg.data.seed))
+    train, heldout = (encode(problems) for problems in distillation_prompts(cfg))
     distill = DISTILLERS[d.kind]
     _, report = distill(model, train, heldout, d, tokenizer.eos_token_id, out, cfg.seed, progress)
     return report
+
+
+def distillation_prompts(cfg) -> tuple[list, list]:
+    """(training, held-out) problems of `tlt train-drafter`: `drafter.distill_prompts` and
+    `drafter.eval_prompts` of the generated mix's training and held-out sets; with `data.jsonl`, of the files'
+    problems (those `tlt train` rolls out), seeded-shuffled, the held-out ones first and disjoint from the rest."""
+    import random
+
+    from tlt.data.splits import heldout_problems, rl_problems, task_mix, training_problems
+
+    d, seed = cfg.drafter, cfg.data.seed
+    if not cfg.data.jsonl:
+        mix = task_mix(cfg.data)
+        return training_problems(mix, d.distill_prompts, seed), heldout_problems(mix, d.eval_prompts, seed)
+    problems = rl_problems(cfg.data)
+    random.Random(seed).shuffle(problems)
+    heldout = problems[: min(d.eval_prompts, len(problems) // 2)]
+    return problems[len(heldout) :][: d.distill_prompts], heldout
 
 
 DISTILLERS = {"eagle": distill_drafter, "small_lm": distill_small_lm}

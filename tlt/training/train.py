@@ -104,7 +104,7 @@ def _train(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     if world > 1:
         return _run_ranks(cfg, reward_fn, world)
     out = Path(cfg.output_dir)
-    device = _device(cfg.train.device)
+    device = resolve_device(cfg.train.device)
     problems = rl_problems(cfg.data)
     trainer, history = _start(cfg, out, problems, reward_fn, device)
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
@@ -149,7 +149,7 @@ def _run_ranks(cfg: RunConfig, reward_fn: RewardFn, world: int) -> dict | None:
 
     if under_torchrun():
         _preflight(cfg, world)  # every rank: all of them stop on a config error, none waits for another
-        device = _device(cfg.train.device)
+        device = resolve_device(cfg.train.device)
         if device.type == "cuda":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(device)
@@ -161,7 +161,7 @@ def _run_ranks(cfg: RunConfig, reward_fn: RewardFn, world: int) -> dict | None:
         finally:
             if created:
                 dist.destroy_process_group()
-    if _device(cfg.train.device).type == "cuda":
+    if resolve_device(cfg.train.device).type == "cuda":
         raise ConfigError(
             f"train.devices={world} on CUDA: start one process per GPU with torchrun, e.g. `torchrun "
             f"--nproc-per-node {world} -m tlt.cli train CONFIG` (or set train.device=cpu to spawn CPU ranks)"
@@ -240,7 +240,8 @@ def _rank_main(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     return summary
 
 
-def _device(name: str) -> torch.device:
+def resolve_device(name: str) -> torch.device:
+    """`train.device` as a torch device (auto: CUDA when available, else CPU); ConfigError for an absent CUDA."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
