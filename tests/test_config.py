@@ -116,3 +116,11 @@ def test_the_gpu_preset_passes_the_checks_of_an_8_rank_run():
     check_rl_config(cfg)
     check_world(cfg, 8)
     assert cfg.train.sharding == "fsdp" and cfg.rollout.backend == "vllm" and cfg.rollout.engine_args
+
+
+def test_the_readme_config_example_loads(tmp_path):
+    text = (Path(__file__).parents[1] / "README.md").read_text()
+    example = text.split("# configs/my_run.yaml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "my_run.yaml").write_text(example)
+    cfg = load_config(tmp_path / "my_run.yaml")
+    assert cfg.model.preset == "small" and cfg.speculative.strategies == ["2_1_3", "4_1_5", "3_2_6"]
