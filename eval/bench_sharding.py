@@ -33,7 +33,7 @@ from tlt.config import GRPOConfig
 from tlt.machine import describe_machine
 from tlt.models.io import atomic_write_json, atomic_write_text
 from tlt.models.presets import build_model
-from tlt.training.data_parallel import balanced_share, update_policy_sharded
+from tlt.training.data_parallel import rows_by_length, update_policy_sharded
 from tlt.training.fsdp import ShardedPolicy
 from tlt.training.grpo import GRPOModule, make_batch, recompute_old_logprobs
 from tlt.training.launch import launch_cpu
@@ -71,30 +71,27 @@ def _replicate(policy, cfg, batch, seed):
     start = time.perf_counter()
     update_policy_sharded(module, optimizer, batch, torch.Generator().manual_seed(seed))
     seconds = time.perf_counter() - start
-    params = list(module.policy.parameters())
-    grads = [p.grad for p in params if p.grad is not None]
-    return seconds, {
-        "params": state_bytes(params),
-        "grads": state_bytes(grads),
-        "optimizer": state_bytes(optimizer_tensors(optimizer)),
-        "replica": 0,
-    }
+    return seconds, _memory(module.policy, optimizer)
 
 
-def _fsdp(policy, cfg, batch, seed, rank, world):
+def _fsdp(policy, cfg, batch, seed):
     replica = copy.deepcopy(policy)
     sharded = ShardedPolicy(replica, cfg, 1.0)
-    lengths = batch.attention_mask.sum(1)
     start = time.perf_counter()
-    sharded.update(batch, torch.Generator().manual_seed(seed), lambda i: balanced_share(lengths, i, world, rank))
+    sharded.update(batch, torch.Generator().manual_seed(seed), rows_by_length(batch))
     seconds = time.perf_counter() - start
-    params = list(sharded.module.policy.parameters())
-    grads = [p.grad for p in params if p.grad is not None]
-    return seconds, {
+    return seconds, _memory(sharded.module.policy, sharded.optimizer, replica)
+
+
+def _memory(trained: torch.nn.Module, optimizer: torch.optim.Optimizer, replica: torch.nn.Module | None = None) -> dict:
+    """Bytes of one rank's training state: the trained copy's parameters and gradients, the optimizer state,
+    and the rollout replica kept beside them (fsdp)."""
+    params = list(trained.parameters())
+    return {
         "params": state_bytes(params),
-        "grads": state_bytes(grads),
-        "optimizer": state_bytes(optimizer_tensors(sharded.optimizer)),
-        "replica": state_bytes(replica.parameters()),
+        "grads": state_bytes([p.grad for p in params if p.grad is not None]),
+        "optimizer": state_bytes(optimizer_tensors(optimizer)),
+        "replica": 0 if replica is None else state_bytes(replica.parameters()),
     }
 
 
@@ -116,7 +113,7 @@ def rank_main(ctx, args) -> dict:
             if variant == "replicate":
                 took, memory[variant] = _replicate(policy, cfg, batch, repeat)
             else:
-                took, memory[variant] = _fsdp(policy, cfg, batch, repeat, ctx.rank, ctx.world_size)
+                took, memory[variant] = _fsdp(policy, cfg, batch, repeat)
             slowest = torch.tensor(took)
             dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
             if repeat:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import time
 
 import torch
@@ -112,7 +111,7 @@ def fsdp_equivalence(ctx: WorkerContext, checkpointing: bool = False) -> dict:
     micro-batch counts differ) by the replicated data-parallel update and by `ShardedPolicy` (with activation
     checkpointing if asked); then the sharded optimizer state is saved in the replicated layout, loaded into
     a fresh `ShardedPolicy`, and a third update is taken by both."""
-    from tlt.training.data_parallel import balanced_share
+    from tlt.training.data_parallel import rows_by_length
     from tlt.training.fsdp import ShardedPolicy
 
     cfg = dataclasses.replace(GRPO, micro_batch_tokens=24, micro_batch_overhead_tokens=0)
@@ -123,8 +122,7 @@ def fsdp_equivalence(ctx: WorkerContext, checkpointing: bool = False) -> dict:
     replica = copy.deepcopy(policy)
     sharded_cfg = dataclasses.replace(cfg, activation_checkpointing=checkpointing)
     sharded = ShardedPolicy(replica, sharded_cfg, 1.0, replicated.reference)
-    lengths = full.attention_mask.sum(1)
-    rows = functools.partial(balanced_share, lengths, world_size=ctx.world_size, rank=ctx.rank)
+    rows = rows_by_length(full)
     calls = {"replicated": _count_calls(replicated, "loss"), "sharded": _count_calls(sharded.module, "loss")}
     adamw = replicated.configure_optimizers()
     start = _flat(policy)

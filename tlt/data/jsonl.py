@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -74,18 +75,23 @@ def read_jsonl(path: str | Path, fmt: Format) -> list[MathProblem]:
     if not path.is_file():
         raise FileNotFoundError(f"no {fmt} JSONL file at {path}")
     problems = []
+    for lineno, line in _records(path):
+        try:
+            obj = json.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+            problems.append(_READERS[fmt](obj))
+        except ValueError as e:  # json.JSONDecodeError is a ValueError
+            raise ValueError(f"{path}:{lineno}: malformed {fmt} record: {e}") from e
+    return problems
+
+
+def _records(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of each non-blank line of a JSONL file."""
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                if not isinstance(obj, dict):
-                    raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
-                problems.append(_READERS[fmt](obj))
-            except ValueError as e:  # json.JSONDecodeError is a ValueError
-                raise ValueError(f"{path}:{lineno}: malformed {fmt} record: {e}") from e
-    return problems
+            if line.strip():
+                yield lineno, line
 
 
 def detect_format(path: str | Path) -> Format:
@@ -93,21 +99,18 @@ def detect_format(path: str | Path) -> Format:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no JSONL data file at {path}")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from e
-            if isinstance(obj, dict) and "question" in obj:
-                return "gsm8k"
-            if isinstance(obj, dict) and "problem" in obj:
-                return "math"
-            raise ValueError(
-                f'{path}:{lineno}: neither GSM8K ("question", "answer") nor MATH ("problem", "solution") format'
-            )
+    for lineno, line in _records(path):
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from e
+        if isinstance(obj, dict) and "question" in obj:
+            return "gsm8k"
+        if isinstance(obj, dict) and "problem" in obj:
+            return "math"
+        raise ValueError(
+            f'{path}:{lineno}: neither GSM8K ("question", "answer") nor MATH ("problem", "solution") format'
+        )
     raise ValueError(f"{path} holds no records")
 
 

@@ -135,17 +135,22 @@ def update_policy_sharded(
     gradient if any rank's rows gave it one (else it stays None, as in one process, so AdamW skips it).
     Stats are global too.
     """
-    rank, world_size = dist.get_rank(), dist.get_world_size()
     params = [p for p in module.policy.parameters() if p.requires_grad]
-    lengths = batch.attention_mask.sum(1).cpu()  # [B] tokens per row
     return update_policy(
         module,
         optimizer,
         batch,
         generator,
-        rows_here=lambda index: balanced_share(lengths, index, world_size, rank),
+        rows_here=rows_by_length(batch),
         sum_over_workers=lambda sums: _sum_gradients(params, sums),
     )
+
+
+def rows_by_length(batch: GRPOBatch) -> Callable[[torch.Tensor], torch.Tensor]:
+    """minibatch index -> this rank's rows of it (`balanced_share` by the rows' token counts)."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    lengths = batch.attention_mask.sum(1).cpu()  # [B] tokens per row
+    return partial(balanced_share, lengths, world_size=world_size, rank=rank)
 
 
 @torch.no_grad()
@@ -311,9 +316,7 @@ class DistributedRLTrainer(RLTrainer):
         """The data-parallel policy update over the step's global `batch` (collective)."""
         if self.sharded is None:
             return update_policy_sharded(self.module, self.optimizer, batch, self.generator)
-        lengths = batch.attention_mask.sum(1).cpu()
-        rows = partial(balanced_share, lengths, world_size=self.world_size, rank=self.rank)
-        return self.sharded.update(batch, self.generator, rows)
+        return self.sharded.update(batch, self.generator, rows_by_length(batch))
 
     def _optimizer_state(self) -> dict:
         return super()._optimizer_state() if self.sharded is None else self.sharded.optimizer_state()

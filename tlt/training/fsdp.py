@@ -14,7 +14,7 @@ The update is the replicated one (`data_parallel.update_policy_sharded`): the sa
 to the ranks by length, each rank's token-sum loss over the minibatch's global token count, gradients
 summed over ranks (FSDP's reduce-scatter with divide factor 1), the global grad norm and clip, AdamW; the
 result equals it up to float summation order. FSDP needs every rank to run as many forwards, so a rank with
-fewer micro-batches in a minibatch adds passes of weight 0 (`grpo.accumulate_loss`).
+fewer micro-batches in a minibatch adds passes of weight 0 (`grpo.accumulate_loss`, `passes`).
 
 Checkpoints hold the optimizer state gathered into the replicated layout (integer keys in parameter order,
 full tensors), so a checkpoint resumes under either `train.sharding`.
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -37,9 +38,7 @@ from tlt.training.grpo import (
     GRPOModule,
     HiddenAndLogits,
     UpdateStats,
-    accumulate_loss,
     decoder_layers,
-    loss_chunks,
     update_policy,
 )
 
@@ -80,9 +79,8 @@ class ShardedPolicy:
     ) -> UpdateStats:
         """`grpo.update_policy` over the global `batch` (every rank's rows), this rank backpropagating
         `rows_here(minibatch)`; then the new weights are gathered into the replica."""
-        stats = update_policy(
-            self.module, self.optimizer, batch, generator, rows_here, _sum_over_ranks, _accumulate_in_step
-        )
+        passes = partial(_most_over_ranks, batch.input_ids.device)
+        stats = update_policy(self.module, self.optimizer, batch, generator, rows_here, _sum_over_ranks, passes)
         self._gather_into_replica()
         return stats
 
@@ -131,8 +129,8 @@ def _sum_over_ranks(sums: torch.Tensor) -> torch.Tensor:
     return sums
 
 
-def _accumulate_in_step(module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float) -> torch.Tensor:
-    """`accumulate_loss` with as many passes on every rank: the most micro-batches any rank has."""
-    passes = torch.tensor(len(loss_chunks(module, batch, rows)), device=batch.input_ids.device)
-    dist.all_reduce(passes, op=dist.ReduceOp.MAX)
-    return accumulate_loss(module, batch, rows, denominator, int(passes))
+def _most_over_ranks(device: torch.device, count: int) -> int:
+    """The most micro-batches any rank has in this minibatch: the forward + backward passes every rank runs."""
+    most = torch.tensor(count, device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return int(most)

@@ -409,28 +409,30 @@ def recompute_old_logprobs(
     return dataclasses.replace(batch, old_logprobs=old, ref_logprobs=ref)
 
 
-def loss_chunks(module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor) -> list[torch.Tensor]:
-    """`accumulate_loss`'s micro-batches of `rows`: index tensors into `rows`."""
-    cfg = module.cfg
-    lengths = batch.attention_mask[rows].sum(1)
-    return micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens)
-
-
 def accumulate_loss(
-    module: GRPOModule, batch: GRPOBatch, rows: torch.Tensor, denominator: float, passes: int = 0
+    module: GRPOModule,
+    batch: GRPOBatch,
+    rows: torch.Tensor,
+    denominator: float,
+    passes: Callable[[int], int] | None = None,
 ) -> torch.Tensor:
     """Backpropagate token_sum(GRPO loss over `rows` of `batch`) / denominator, one length-sorted micro-batch
-    at a time (`loss_chunks`); the accumulated gradient is that of one forward over all the rows. Passes of
-    weight 0 over the batch's shortest row come first, as many as make `passes` forward + backward passes in
-    all: the workers of a sharded policy must all run as many (`tlt.training.fsdp`).
+    at a time (`micro_batches`); the accumulated gradient is that of one forward over all the rows.
+    `passes(this worker's micro-batch count)` asks for that many forward + backward passes in all: passes of
+    weight 0 over the batch's shortest row come first, as the workers of a sharded policy must all run as many
+    (`tlt.training.fsdp`).
 
     Returns the token sums of (loss, policy_loss, kl, entropy, clip_fraction) over the rows, [5] float64.
     """
     sums = torch.zeros(5, dtype=torch.float64, device=batch.input_ids.device)
-    chunks = loss_chunks(module, batch, rows)
-    for _ in range(passes - len(chunks)):
-        shortest = batch.attention_mask.sum(1).argmin().view(1)
-        (module.loss(batch.rows(shortest)).loss * 0.0).backward()
+    cfg = module.cfg
+    lengths = batch.attention_mask[rows].sum(1)
+    chunks = micro_batches(lengths, cfg.micro_batch_tokens, cfg.micro_batch_overhead_tokens)
+    fillers = 0 if passes is None else passes(len(chunks)) - len(chunks)
+    if fillers > 0:
+        shortest = batch.rows(batch.attention_mask.sum(1).argmin().view(1))
+        for _ in range(fillers):
+            (module.loss(shortest).loss * 0.0).backward()
     for index in chunks:
         chunk = batch.rows(rows[index])
         out = module.loss(chunk)
@@ -448,7 +450,7 @@ def update_policy(
     generator: torch.Generator,
     rows_here: Callable[[torch.Tensor], torch.Tensor] | None = None,
     sum_over_workers: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    accumulate: Callable[[GRPOModule, GRPOBatch, torch.Tensor, float], torch.Tensor] | None = None,
+    passes: Callable[[int], int] | None = None,
 ) -> UpdateStats:
     """`cfg.epochs` passes over `batch` (old log-probs filled in); a step per shuffled minibatch, its gradient
     accumulated over micro-batches of at most `cfg.micro_batch_tokens` padded tokens.
@@ -456,11 +458,10 @@ def update_policy(
     Data-parallel workers that all hold `batch` (`data_parallel.update_policy_sharded`) pass `rows_here`, the
     rows of a minibatch this worker backpropagates, and `sum_over_workers`, which sums the parameter gradients
     and the given loss sums ([5] float64) over the workers and returns the summed loss sums; without them this
-    process backpropagates every row. `accumulate` replaces `accumulate_loss` (a sharded policy's, whose
-    workers must all run as many forwards; `tlt.training.fsdp`).
+    process backpropagates every row. `passes` goes to `accumulate_loss` (a sharded policy's workers must all
+    run as many forwards; `tlt.training.fsdp`).
     """
     cfg = module.cfg
-    accumulate = accumulate or accumulate_loss
     device = batch.input_ids.device
     minibatches = [
         index.to(device)
@@ -472,7 +473,7 @@ def update_policy(
         count = batch.loss_mask[index].sum().clamp(min=1).item()  # the minibatch's response tokens
         optimizer.zero_grad(set_to_none=True)
         mine = index if rows_here is None else rows_here(index).to(device)
-        sums = accumulate(module, batch, mine, count)  # token sums of the 5 loss terms
+        sums = accumulate_loss(module, batch, mine, count, passes)  # token sums of the 5 loss terms
         if sum_over_workers is not None:
             sums = sum_over_workers(sums)
         norm = torch.nn.utils.clip_grad_norm_(module.policy.parameters(), cfg.max_grad_norm)
