@@ -2,7 +2,9 @@
 # The GPU checks of the open issues in one short run (sized for the device tool's 10-minute command and
 # 15-minute session budget on one H100 / H200):
 #   1. the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA (pytest -m gpu),
-#   2. #4: adaptive rollout vs SD-never vs each fixed strategy vs the reference buckets (eval.bench_adaptive),
+#   2. #4: adaptive rollout vs SD-never vs each fixed strategy vs the reference buckets (eval.bench_adaptive), on
+#      the 12-layer `deep` policy when it was carried (its one-layer EAGLE head costs ~1/12 of a target step, about
+#      a 7B policy's ratio; on the 4-layer quickstart policy the head costs ~1/3 and caps SD), else on the quickstart's,
 #   3. #6: TLT vs TLT off, 12 GRPO steps each on the quickstart model, step / rollout ratios and Amdahl bound.
 #
 # Prepare here once (CPU machine): the quickstart base policy and its offline drafter, and the pure-Python
@@ -10,8 +12,12 @@
 #   tlt bootstrap --config configs/quickstart.yaml --output-dir runs/quickstart
 #   tlt train-drafter runs/quickstart/model --output runs/quickstart/drafter
 #   make gpu-wheels
+# and, for #4 on the deep policy (~26 + ~10 min on one core), a bfloat16 copy of it that fits the carry limit:
+#   tlt bootstrap --preset deep --output-dir runs/deep
+#   tlt train-drafter runs/deep/model --output runs/deep/drafter
+#   make gpu-carry
 # then run it there: device run, command `bash eval/gpu_checks.sh`, carry [".whl", "runs/quickstart/model",
-# "runs/quickstart/drafter"], timeout 590 s (the steps' own timeouts sum to 550 s). Results, 8 files (markdown,
+# "runs/quickstart/drafter", "runs/deep/model-bf16", "runs/deep/drafter"], timeout 590 s (the steps' own timeouts sum to 550 s). Results, 8 files (markdown,
 # PNG, logs: the device tool returns at most 8), land in $OUT, or runs/gpu-checks.
 # A dry run on CPU: `QUICK=1 NO_WHEELS=1 TLT_CHECK_DEVICE=cpu PY=python OUT=/tmp/gc bash eval/gpu_checks.sh`.
 set -uo pipefail
@@ -47,9 +53,14 @@ timeout 120 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/backends/tes
   tests/training/test_train_cli.py tests/training/test_distill.py >"$OUT/tests.log" 2>&1 || status=1
 tail -n 25 "$OUT/tests.log"
 
-log "2/3 #4 adaptive rollout benchmark ($PROMPTS prompts x $SAMPLES samples, T = 1, up to $NEW tokens)"
-timeout 170 "$PY" -m eval.bench_adaptive --device "$DEVICE" --target runs/quickstart/model \
-  --drafter runs/quickstart/drafter --prompts "$PROMPTS" --samples "$SAMPLES" --max-new-tokens "$NEW" \
+if [ -d runs/deep/model-bf16 ] && [ -d runs/deep/drafter ]; then
+  TARGET=runs/deep/model-bf16; DRAFTER=runs/deep/drafter
+else
+  TARGET=runs/quickstart/model; DRAFTER=runs/quickstart/drafter
+fi
+log "2/3 #4 adaptive rollout benchmark on $TARGET ($PROMPTS prompts x $SAMPLES samples, T = 1, up to $NEW tokens)"
+timeout 170 "$PY" -m eval.bench_adaptive --device "$DEVICE" --target "$TARGET" --drafter "$DRAFTER" \
+  --strategies 3_1_4,5_1_6,7_1_8,4_2_8 --prompts "$PROMPTS" --samples "$SAMPLES" --max-new-tokens "$NEW" \
   --repeats "$REPEATS" --out /tmp/tlt-adaptive >"$OUT/adaptive.log" 2>&1 || status=1
 cp /tmp/tlt-adaptive/adaptive.md /tmp/tlt-adaptive/adaptive_decisions.png "$OUT"/ 2>/dev/null
 tail -n 30 "$OUT/adaptive.log"

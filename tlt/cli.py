@@ -220,7 +220,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p = sub.add_parser("bootstrap", help="SFT a tiny base policy on generated math solutions")
     p.add_argument(
         "--preset",
-        help="model preset: test, tiny, small, with its bootstrap defaults "
+        help="model preset: test, tiny, small, deep, with its bootstrap defaults "
         "(tlt.models.presets.BOOTSTRAP_DEFAULTS), "
         "under --config and key=value overrides (default: the config's model.preset)",
     )

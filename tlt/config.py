@@ -32,7 +32,7 @@ def _check_choice(key: str, value: str, choices: tuple[str, ...]) -> None:
 
 @dataclass
 class ModelConfig:
-    preset: str = "tiny"  # tiny-model preset (tlt.models.presets): test, tiny, small
+    preset: str = "tiny"  # tiny-model preset (tlt.models.presets): test, tiny, small, deep
     path: str | None = None  # an HF folder to start from instead of a fresh preset model
     vocab_size: int = 1024  # tokenizer vocabulary for freshly built models
     seed: int = 0

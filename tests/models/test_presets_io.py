@@ -6,8 +6,10 @@ from tlt.models.io import atomic_save_figure, load_hf_folder, save_hf_folder
 from tlt.models.presets import PRESETS, build_model, count_parameters, preset_from_name
 from tlt.models.tokenizer import train_tokenizer
 
+SIZES = [("test", 0.5e6, 1.5e6), ("tiny", 3e6, 7e6), ("small", 15e6, 20e6), ("deep", 10e6, 15e6)]
 
-@pytest.mark.parametrize(("name", "low", "high"), [("test", 0.5e6, 1.5e6), ("tiny", 3e6, 7e6), ("small", 15e6, 20e6)])
+
+@pytest.mark.parametrize(("name", "low", "high"), SIZES)
 def test_preset_sizes(name, low, high):
     assert low <= count_parameters(build_model(name, vocab_size=1024)) <= high
 
@@ -23,9 +25,9 @@ def test_build_is_deterministic_for_a_seed():
 
 
 def test_unknown_preset():
-    with pytest.raises(ValueError, match="available: small, test, tiny"):
+    with pytest.raises(ValueError, match="available: deep, small, test, tiny"):
         preset_from_name("huge")
-    assert set(PRESETS) >= {"test", "tiny", "small"}
+    assert set(PRESETS) >= {"test", "tiny", "small", "deep"}
 
 
 def test_save_load_round_trip_equal_logits(tmp_path):
