@@ -3,8 +3,8 @@
 # 15-minute session budget on one H100 / H200):
 #   1. the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA (pytest -m gpu),
 #   2. #4: adaptive rollout vs SD-never vs each fixed strategy vs the reference buckets (eval.bench_adaptive), on
-#      the 12-layer `deep` policy when it was carried (its one-layer EAGLE head costs ~1/12 of a target step, about
-#      a 7B policy's ratio; on the 4-layer quickstart policy the head costs ~1/3 and caps SD), else on the quickstart's,
+#      the 12-layer `deep` policy when it was carried (a draft step costs 0.15-0.17 of its target step on a CPU at
+#      batch 1; on the 4-layer quickstart policy about 0.6, which caps SD), else on the quickstart's,
 #   3. #6: TLT vs TLT off, 12 GRPO steps each on the quickstart model, step / rollout ratios and Amdahl bound.
 #
 # Prepare here once (CPU machine): the quickstart base policy and its offline drafter, and the pure-Python

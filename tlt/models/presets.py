@@ -26,8 +26,9 @@ PRESETS: dict[str, ModelPreset] = {
     # 8 minutes of SFT (5% held-out), the 4-layer one reached 45% in the same time
     "tiny": ModelPreset(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=1024),  # ~4M
     "small": ModelPreset(hidden_size=384, num_layers=8, num_heads=6, num_kv_heads=2, intermediate_size=1536),  # ~18M
-    # tiny's width at 3x the depth: a one-layer EAGLE head then costs ~1/12 of a target step where decoding is
-    # bound by per-layer overhead (a GPU, or batch 1 here), about the ratio of a 7B policy and its EAGLE head
+    # tiny's width at 3x the depth, so that a one-layer EAGLE head is small next to a target step, as a 7B
+    # policy's is: a draft step costs 0.15-0.17 of a target step at batch 1 here (bench_sd_deep_b1.md), about
+    # 0.6 on tiny, where the head caps SD. For the GPU check of #4 (eval/gpu_checks.sh); ~28 min of SFT here
     "deep": ModelPreset(hidden_size=256, num_layers=12, num_heads=4, num_kv_heads=2, intermediate_size=1024),  # ~13M
 }
 
