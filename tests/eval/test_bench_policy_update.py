@@ -14,6 +14,15 @@ def _batch(lengths: list[int]) -> GRPOBatch:
     return GRPOBatch(torch.zeros(len(lengths), T, dtype=torch.long), attention, attention, torch.zeros(len(lengths)))
 
 
+def _compare(tmp_path, kind: str) -> tuple:
+    """Run `--compare kind` on a tiny policy: (output folder, the report's variants)."""
+    model = save_math_policy(tmp_path / "model")
+    out = tmp_path / "bench"
+    args = ["--model", str(model), "--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1"]
+    assert main([*args, "--compare", kind, "--out", str(out)]) == 0
+    return out, json.loads((out / "update.json").read_text())["variants"]
+
+
 def test_padding_counts_the_recompute_and_every_minibatch():
     batch = _batch([100, 20, 20, 20])
     fewest = padding(batch, GRPOConfig(minibatch_size=4, micro_batch_overhead_tokens=10**9), generator_seed=0)
@@ -37,11 +46,7 @@ def test_end_to_end_report(tmp_path, capsys):
 
 
 def test_precision_comparison_runs_both_precisions_on_the_same_cut(tmp_path):
-    model = save_math_policy(tmp_path / "model")
-    out = tmp_path / "bench"
-    args = ["--model", str(model), "--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1"]
-    assert main([*args, "--compare", "precision", "--out", str(out)]) == 0
-    rows = json.loads((out / "update.json").read_text())["variants"]
+    out, rows = _compare(tmp_path, "precision")
     assert {name: row["precision"] for name, row in rows.items()} == {"32-true": "32-true", "bf16-mixed": "bf16-mixed"}
     assert rows["32-true"]["padded"] == rows["bf16-mixed"]["padded"]
     assert "precisions side by side" in (out / "update.md").read_text()
@@ -53,11 +58,7 @@ def test_a_missing_model_is_a_clear_error(tmp_path, capsys):
 
 
 def test_checkpointing_comparison_keeps_fewer_activations(tmp_path):
-    model = save_math_policy(tmp_path / "model")
-    out = tmp_path / "bench"
-    args = ["--model", str(model), "--prompts", "2", "--samples", "2", "--max-new-tokens", "8", "--repeats", "1"]
-    assert main([*args, "--compare", "checkpointing", "--out", str(out)]) == 0
-    rows = json.loads((out / "update.json").read_text())["variants"]
+    out, rows = _compare(tmp_path, "checkpointing")
     assert not rows["stored"]["activation_checkpointing"] and rows["checkpointed"]["activation_checkpointing"]
     assert 0 < rows["checkpointed"]["activation_mib"] < rows["stored"]["activation_mib"]
     assert "activation checkpointing off / on side by side" in (out / "update.md").read_text()
