@@ -8,7 +8,7 @@ import pytest
 
 from tlt.cli import parse_args
 from tlt.config import ConfigError, RunConfig
-from tlt.sweep import expand, load_grid, run_sweep, slug, validate
+from tlt.sweep import _flatten, expand, load_grid, run_sweep, slug, to_markdown, validate
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 
@@ -130,6 +130,21 @@ def test_resume_skips_finished_and_failure_is_recorded(tmp_path):
     md = (out / "sweep.md").read_text()
     assert "| cell | status |" in md and "| baseline | skipped |" in md
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_table_prints_plain_decimals_and_says_which_cells_had_idle_workers():
+    rows = [
+        {
+            "cell": "one",
+            "status": "done",
+            "overrides": "",
+            **_flatten({"devices": 1, "seconds": {"drafter": 2.222e-05}}),
+        },
+        {"cell": "two", "status": "done", "overrides": "", **_flatten({"devices": 2, "step_seconds_mean": 12.3456})},
+    ]
+    md = to_markdown(rows)
+    assert "e-05" not in md and "| one | done | no (1 process) |" in md and "| 0.000 |" in md
+    assert "| two | done | yes (2 ranks) | 2 |" in md and "| 12.346 |" in md
 
 
 def test_dry_run_runs_and_writes_nothing(tmp_path):

@@ -16,9 +16,21 @@ from omegaconf.errors import OmegaConfBaseException
 
 from tlt.speculative.strategy import SpecStrategy
 
+PRECISIONS = ("32-true", "bf16-mixed", "auto")  # auto: tlt.machine.resolve_precision
+
 
 class ConfigError(ValueError):
     """A configuration problem a user can fix; the message names the key."""
+
+
+def _asset(spec: str) -> str:
+    from tlt.assets import asset_path
+
+    return asset_path(spec)
+
+
+# `${asset:deep_v1/policy}` in a config: that folder of a tlt asset, checked against its card (tlt.assets)
+OmegaConf.register_resolver("asset", _asset, replace=True)
 
 
 def _check(ok: bool, key: str, allowed: str, value: object) -> None:
@@ -97,10 +109,12 @@ class BootstrapConfig:
     max_length: int = 384  # prompt + response tokens; longer training examples are dropped
     devices: int = 1  # CPU processes (DDP over gloo when > 1)
     checkpoint_every: int = 250
-    precision: str = "32-true"  # Lightning precision: 32-true, or bf16-mixed (~1.6x faster on CPUs with bf16)
+    # Lightning precision: 32-true, bf16-mixed (~1.6x faster on CPUs with native bf16, ~40x slower without), or
+    # auto (bf16-mixed on CUDA and on CPUs with AMX / AVX-512 BF16, else 32-true: tlt.machine.resolve_precision)
+    precision: str = "32-true"
 
     def __post_init__(self) -> None:
-        _check_choice("bootstrap.precision", self.precision, ("32-true", "bf16-mixed"))
+        _check_choice("bootstrap.precision", self.precision, PRECISIONS)
         _check(self.max_steps >= 1, "bootstrap.max_steps", "an integer >= 1", self.max_steps)
         _check(self.batch_size >= 1, "bootstrap.batch_size", "an integer >= 1", self.batch_size)
         _check(0 < self.lr < 1, "bootstrap.lr", "a float in (0, 1)", self.lr)
@@ -212,7 +226,7 @@ class DrafterConfig:
     buffer_long_tokens: int = 256  # samples this long from the previous version are kept (one-step offset)
     w_feature: float = 1.0  # EAGLE-1 SmoothL1 feature-loss weight
     w_token: float = 0.1  # EAGLE-1 soft cross-entropy weight
-    # head training forwards (offline and online): 32-true, or bf16-mixed (bf16 autocast over fp32 weights)
+    # head training forwards (offline and online): 32-true, bf16-mixed (bf16 autocast over fp32 weights), or auto
     precision: str = "32-true"
     train_steps: int = 300  # optimizer steps of `tlt train-drafter` (offline distillation)
     distill_prompts: int = 512  # training prompts the target answers to make distillation data
@@ -223,7 +237,7 @@ class DrafterConfig:
 
     def __post_init__(self) -> None:
         _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram"))
-        _check_choice("drafter.precision", self.precision, ("32-true", "bf16-mixed"))
+        _check_choice("drafter.precision", self.precision, PRECISIONS)
         _check(self.train_steps >= 1, "drafter.train_steps", "an integer >= 1", self.train_steps)
         _check(self.distill_prompts >= 1, "drafter.distill_prompts", "an integer >= 1", self.distill_prompts)
         _check(
@@ -270,9 +284,13 @@ class SchedulerConfig:
     policy: str = "spot"  # spot (train on idle workers during rollout), between_steps, never
     buffer_bytes: int = 256 * 2**20  # drafter data-buffer bound
     between_steps_budget: int = 8  # between_steps: drafter micro-steps per worker after each rollout
+    # spot where no worker is ever idle (one process): drafter micro-steps after the update until they have
+    # taken this share of the step's rollout + training seconds (preempted between chunks; 0 = none)
+    no_idle_budget: float = 0.05
 
     def __post_init__(self) -> None:
         _check_choice("scheduler.policy", self.policy, ("spot", "between_steps", "never"))
+        _check(0 <= self.no_idle_budget <= 1, "scheduler.no_idle_budget", "a float in [0, 1]", self.no_idle_budget)
         _check(
             self.between_steps_budget >= 1,
             "scheduler.between_steps_budget",
@@ -305,7 +323,8 @@ class GRPOConfig:
     scale_rewards: bool = True  # divide group-centred rewards by the group's std (False: Dr. GRPO)
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
-    # recompute and update forwards: 32-true, or bf16-mixed (bf16 autocast over fp32 weights; what GPU runs use)
+    # recompute and update forwards: 32-true, bf16-mixed (bf16 autocast over fp32 weights; what GPU runs use), or
+    # auto (bf16-mixed on CUDA and on CPUs with native bf16, else 32-true)
     precision: str = "32-true"
     # recompute each decoder layer's activations in the backward instead of keeping them (less memory, ~1/3 more
     # forward compute; gradients unchanged): for large policies on GPUs
@@ -313,7 +332,7 @@ class GRPOConfig:
 
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "grpo.steps", "an integer >= 1", self.steps)
-        _check_choice("grpo.precision", self.precision, ("32-true", "bf16-mixed"))
+        _check_choice("grpo.precision", self.precision, PRECISIONS)
         _check(0 < self.lr < 1, "grpo.lr", "a float in (0, 1)", self.lr)
         _check(0 < self.clip_eps < 1, "grpo.clip_eps", "a float in (0, 1)", self.clip_eps)
         _check(self.kl_coef >= 0, "grpo.kl_coef", "a float >= 0", self.kl_coef)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import sys
@@ -21,6 +22,27 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+@functools.cache
+def cpu_has_native_bf16() -> bool:
+    """Whether the CPU computes in bfloat16 natively (AMX or AVX-512 BF16, from /proc/cpuinfo's flags). Without
+    them torch emulates bf16 matrix products: 40x slower than float32 on an AVX2 AMD EPYC (one thread)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return bool({"amx_bf16", "avx512_bf16"} & set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return False
+
+
+def resolve_precision(precision: str, device_type: str) -> str:
+    """A precision setting as run on `device_type` ("cpu" or "cuda"): "auto" is bf16-mixed on CUDA and on CPUs
+    with native bf16, else 32-true; the others are returned as they are."""
+    if precision != "auto":
+        return precision
+    return "bf16-mixed" if device_type == "cuda" or cpu_has_native_bf16() else "32-true"
+
+
 def describe_machine() -> dict:
     """CPU, cores, load, library versions, torch threads and the GPU (None without CUDA), for report headers."""
     import transformers
@@ -37,4 +59,5 @@ def describe_machine() -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "cpu_native_bf16": cpu_has_native_bf16(),
     }

@@ -40,6 +40,7 @@ from tlt.config import ConfigError, RunConfig, load_config
 from tlt.models.io import atomic_save_figure, atomic_write_text
 
 SUMMARY_FIELDS = (
+    "devices",
     "reward_last",
     "accuracy_last",
     "accept_length_mean",
@@ -50,8 +51,10 @@ SUMMARY_FIELDS = (
     "seconds.drafter",
     "seconds.push",
     "seconds.total",
+    "spot_steps",
+    "idle_train_seconds",
 )
-COLUMNS = ("cell", "status", "overrides", *SUMMARY_FIELDS, "error")
+COLUMNS = ("cell", "status", "overrides", "idle_workers", *SUMMARY_FIELDS, "error")
 _GRID_KEYS = {"base", "output_dir", "overrides", "grid"}
 _CELL_KEYS = {"name", "base", "overrides"}
 
@@ -176,8 +179,16 @@ def validate(grid: Grid) -> dict[str, RunConfig]:
 
 def _flatten(summary: dict) -> dict:
     flat = {k: summary.get(k) for k in SUMMARY_FIELDS if "." not in k}
+    flat["idle_workers"] = _idle_workers(summary)
     flat |= {f"seconds.{k}": v for k, v in (summary.get("seconds") or {}).items() if f"seconds.{k}" in SUMMARY_FIELDS}
     return flat
+
+
+def _idle_workers(summary: dict) -> str:
+    """Whether the cell's drafter could train in idle time: only with several processes, where a rank whose
+    rollout share is done waits for the others (one process: `spot` trains within scheduler.no_idle_budget)."""
+    devices = summary.get("devices") or 1
+    return f"yes ({devices} ranks)" if devices > 1 else "no (1 process)"
 
 
 def _read_summary(folder: Path) -> dict | None:
@@ -244,9 +255,10 @@ def run_sweep(
 
 
 def _fmt(v: object) -> str:
+    """Plain decimals: 3 places (seconds, rewards, rates), never scientific notation."""
     if v is None:
         return ""
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
 def to_csv(rows: list[dict]) -> str:
@@ -263,7 +275,16 @@ def to_markdown(rows: list[dict]) -> str:
     for row in rows:
         cells = [_fmt(row.get(c)).replace("|", "\\|").replace("\n", " ") for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Overrides per cell:", ""]
+    lines += [
+        "",
+        "Seconds are sums over each cell's steps. idle_workers: whether a rank sat idle while another still rolled "
+        "out (several processes), where `spot` trains the drafter for free; in one process no worker is ever idle "
+        "and `spot` trains only within scheduler.no_idle_budget of each step. spot_steps / idle_train_seconds: the "
+        "drafter micro-steps run, and seconds spent, in that idle time.",
+        "",
+        "Overrides per cell:",
+        "",
+    ]
     lines += [f"- `{row['cell']}`: `{row['overrides'] or '(base)'}`" for row in rows]
     return "\n".join(lines) + "\n"
 

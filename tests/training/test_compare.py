@@ -10,7 +10,7 @@ import pytest
 from tlt.cli import main
 from tlt.config import ConfigError, load_config
 from tlt.training.bootstrap import bootstrap_folder
-from tlt.training.compare import Comparison, RunTimes, baseline_config
+from tlt.training.compare import Comparison, RunTimes, baseline_config, comparison_figure
 
 from .test_train_cli import config  # noqa: F401  (the module fixture: a saved random policy and its YAML)
 
@@ -116,3 +116,62 @@ def test_bootstrap_if_missing_needs_a_model_folder_path(config, tmp_path, capsys
     assert main(["train", str(config), *overrides, "--output-dir", str(tmp_path / "rl")]) == 2
     assert "must end in /model" in capsys.readouterr().err
     assert not (tmp_path / "base").exists()  # nothing was bootstrapped or written
+
+
+def test_whole_run_headline_uses_summed_seconds_by_hand():
+    baseline = RunTimes(step=10.0, rollout=5.0, train=5.0, drafter=0.0, reward_mean=0.4, accept_length=0.0,
+                        total=100.0, rollout_total=60.0)  # fmt: skip
+    tlt = RunTimes(step=8.0, rollout=3.0, train=5.0, drafter=0.0, reward_mean=0.4, accept_length=3.0,
+                   total=70.0, rollout_total=30.0)  # fmt: skip
+    result = Comparison(measured_steps=10, tlt=tlt, baseline=baseline, base_heldout_accuracy=None)
+    assert result.run_ratio == pytest.approx(100 / 70)
+    assert result.run_rollout_speedup == 2.0 and result.run_rollout_share == 0.6
+    assert result.run_amdahl_bound == pytest.approx(1 / (0.4 + 0.3))
+    headline = result.markdown().split("Medians per step")[0]
+    assert "whole run (seconds of all measured steps, 70.0 s vs 100.0 s): **1.43x**" in headline
+    assert "rollout s = 2.00x, rollout share r = 60.0%, Amdahl bound 1.43x, measured / bound 1.00" in headline
+    assert "median step (8.000 s vs 10.000 s): **1.25x**" in headline
+    assert result.summary().startswith("whole run 1.43x")
+
+
+def test_decode_timeline_merges_runs_of_equal_batch_and_strategy():
+    from tlt.backends.base import DecodeStepStats
+    from tlt.training.rl_loop import decode_timeline
+
+    def stat(batch, strategy, seconds, tokens):
+        return DecodeStepStats(batch, strategy is not None, strategy, 0, 0, tokens, seconds)
+
+    steps = [stat(4, None, 0.1, 4), stat(4, None, 0.1, 4), stat(2, None, 0.1, 2), stat(2, "3_1_4", 0.2, 5),
+             stat(2, "3_1_4", 0.2, 6), stat(1, "3_1_4", 0.1, 3), stat(1, None, 0.05, 1)]  # fmt: skip
+    assert decode_timeline(steps) == [
+        [4, "", 2, pytest.approx(0.2), 8],
+        [2, "", 1, 0.1, 2],
+        [2, "3_1_4", 2, pytest.approx(0.4), 11],
+        [1, "3_1_4", 1, 0.1, 3],
+        [1, "", 1, 0.05, 1],
+    ]
+    assert decode_timeline([]) == []
+
+
+def test_comparison_figure_draws_each_arms_slowest_step_and_one_series_per_arm():
+    def step(i, rollout, timeline, accept=0.0):
+        return _step(rollout, 1.0, accept=accept) | {"step": i, "sd_token_share": 0.5, "timeline": timeline}
+
+    tlt = [step(0, 9.0, [[2, "", 1, 0.5, 2]]), step(1, 2.0, [[4, "", 2, 0.5, 8], [1, "3_1_4", 3, 1.0, 9]], 3.0),
+           step(2, 1.0, [[4, "", 1, 0.5, 4]], 2.5)]  # fmt: skip
+    baseline = [
+        step(0, 9.0, []),
+        step(1, 1.5, [[4, "", 1, 0.5, 4]]),
+        step(2, 3.0, [[4, "", 3, 1.0, 12], [1, "", 9, 1.8, 9]]),
+    ]
+    fig = comparison_figure(tlt, baseline, warmup=1)
+    tlt_ax, base_ax, rollout_ax, accept_ax = fig.axes[:4]
+    # the slowest measured step of each arm (step 1 of the warm-up is left out), not the same step index
+    assert "TLT: slowest step (step 2" in tlt_ax.get_title() and "TLT off: slowest step (step 3" in base_ax.get_title()
+    assert len(tlt_ax.collections) == 2 and len(base_ax.collections) == 2  # one bar per decode run
+    assert tlt_ax.get_xlim() == base_ax.get_xlim()  # one time scale for both
+    assert [line.get_label() for line in rollout_ax.get_lines()] == ["TLT", "TLT off"]
+    assert [list(line.get_ydata()) for line in rollout_ax.get_lines()] == [[9.0, 2.0, 1.0], [9.0, 1.5, 3.0]]
+    assert list(accept_ax.get_lines()[0].get_ydata()) == [0.0, 3.0, 2.5]
+    legend = [t.get_text() for t in tlt_ax.get_legend().get_texts()]
+    assert legend == ["plain decoding", "3_1_4"]

@@ -51,8 +51,9 @@ def _by_length(texts: list[str], golds: list[str]) -> list[float]:
 
 def _assert_finite(m: StepMetrics) -> None:
     for name, value in m.to_dict().items():
-        if value is not None:
+        if value is not None and name != "timeline":
             assert math.isfinite(value), name
+    assert sum(run[4] for run in m.timeline) > 0  # the decode steps of the step's generate
     assert m.num_samples == 8 and m.optimizer_steps == 2 and m.response_len_max <= 8
     assert m.logprob_gap < 1e-3  # the engine's log-probs agree with the trainer's recompute
 
@@ -67,8 +68,9 @@ def _assert_pushed(trainer: RLTrainer, before: dict[str, torch.Tensor]) -> None:
 
 
 def test_step_with_tlt_on(tokenizer):
-    cfg = load_config(None, COMMON + ["drafter.batch_tokens=128", "scheduler.between_steps_budget=2"])
-    assert cfg.speculative.enabled and cfg.speculative.tuner == "cost" and cfg.scheduler.policy == "spot"
+    overrides = ["drafter.batch_tokens=128", "scheduler.policy=between_steps", "scheduler.between_steps_budget=2"]
+    cfg = load_config(None, COMMON + overrides)
+    assert cfg.speculative.enabled and cfg.speculative.tuner == "cost"
     trainer = RLTrainer(cfg, _policy(tokenizer), tokenizer, PROBLEMS, reward_fn=_by_length)
     snapshot = copy.deepcopy(trainer.policy)
     before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
@@ -99,8 +101,28 @@ def test_step_with_tlt_on(tokenizer):
     torch.testing.assert_close(sample.hidden, direct, atol=1e-5, rtol=1e-5)
 
 
+def test_spot_in_one_process_trains_only_within_its_budget(tokenizer):
+    """No worker is ever idle in one process: `spot` trains nothing with a zero budget, and with an ample one
+    at most drafter.max_epochs_per_step passes over the buffer (between_steps_budget does not apply)."""
+    overrides = COMMON + ["drafter.batch_tokens=128", "scheduler.between_steps_budget=1"]
+    trainer = RLTrainer(load_config(None, [*overrides, "scheduler.no_idle_budget=0"]), _policy(tokenizer),
+                        tokenizer, PROBLEMS, reward_fn=_by_length)  # fmt: skip
+    assert trainer.cfg.scheduler.policy == "spot"
+    assert [trainer.step().drafter_steps for _ in range(2)] == [0, 0]
+    trainer = RLTrainer(load_config(None, [*overrides, "scheduler.no_idle_budget=1"]), _policy(tokenizer),
+                        tokenizer, PROBLEMS, reward_fn=_by_length)  # fmt: skip
+    trainer.cfg.scheduler.no_idle_budget = 1e6  # ample (the config caps it at 1 of the step's seconds)
+    m = trainer.step()
+    assert m.drafter_steps == trainer.stepper.budget() > 1 and m.drafter_loss is not None
+
+
 def test_step_with_bf16_mixed_training(tokenizer):
-    overrides = COMMON + ["drafter.batch_tokens=128", "scheduler.between_steps_budget=2", "grpo.precision=bf16-mixed"]
+    overrides = COMMON + [
+        "drafter.batch_tokens=128",
+        "scheduler.policy=between_steps",
+        "scheduler.between_steps_budget=2",
+        "grpo.precision=bf16-mixed",
+    ]
     trainer = RLTrainer(load_config(None, overrides), _policy(tokenizer), tokenizer, PROBLEMS, reward_fn=_by_length)
     before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
 

@@ -19,7 +19,8 @@ from tlt.training.checkpoint import find_checkpoint, save_checkpoint
 from tlt.training.rl_loop import RLTrainer
 from tlt.training.run_log import COLUMNS, MetricsLog
 
-# TLT on with a timing-independent tuner (SD on every decode step), so runs are reproducible; entropy and KL
+# TLT on with a timing-independent tuner (SD on every decode step) and drafter budget (`between_steps`: a fixed
+# number of micro-steps; one-process `spot` trains within a wall-time budget), so runs are reproducible; entropy and KL
 # terms move the policy although math rewards of a random policy are all 0 (and exercise the KL reference).
 CONFIG = """\
 seed: 0
@@ -28,7 +29,7 @@ data: {{max_difficulty: 3, train_size: 16}}
 rollout: {{samples_per_prompt: 4, prompts_per_step: 2, max_new_tokens: 8, max_seq_len: 128}}
 speculative: {{tuner: fixed, strategies: ["3_1_4"], threshold: 64}}
 drafter: {{batch_tokens: 128}}
-scheduler: {{between_steps_budget: 2}}
+scheduler: {{policy: between_steps, between_steps_budget: 2}}
 grpo: {{minibatch_size: 4, lr: 0.001, entropy_coef: 0.01, kl_coef: 0.01}}
 train: {{checkpoint_every: 2, tensorboard: false, device: cpu}}
 """
@@ -47,6 +48,11 @@ def config(tmp_path_factory):
 
 def _train(config, out, *overrides) -> int:
     return main(["train", str(config), *overrides, "--output-dir", str(out)])
+
+
+def _untimed(metrics: dict) -> list[list]:
+    """The step's decode timeline without its seconds (batch, strategy, steps, tokens per run)."""
+    return [run[:3] + run[4:] for run in metrics["timeline"]]
 
 
 def _csv_rows(out) -> list[list[str]]:
@@ -111,7 +117,9 @@ def test_resume_equals_an_uninterrupted_run(config, tmp_path):
     ma, mb = (json.loads((p / "metrics.json").read_text()) for p in (a, b))
     assert len(ma) == len(mb) == 3
     for x, y in zip(ma, mb, strict=True):
-        assert {k: v for k, v in x.items() if k not in TIMINGS} == {k: v for k, v in y.items() if k not in TIMINGS}
+        assert {k: v for k, v in x.items() if k not in TIMINGS} | {"timeline": _untimed(x)} == {
+            k: v for k, v in y.items() if k not in TIMINGS
+        } | {"timeline": _untimed(y)}
     assert mb[2]["kl"] > 0 and mb[2]["drafter_steps"] == 2 and mb[2]["sd_token_share"] > 0
     rows = _csv_rows(resumed)
     assert [r[0] for r in rows[1:]] == ["0", "1", "2"] and len({len(r) for r in rows}) == 1

@@ -19,7 +19,7 @@ data: {{max_difficulty: 3, train_size: 16}}
 rollout: {{backend: vllm, samples_per_prompt: 4, prompts_per_step: 2, max_new_tokens: 16, max_seq_len: 128}}
 speculative: {{tuner: fixed, strategies: ["3_1_4"], threshold: 4}}
 drafter: {{batch_tokens: 128}}
-scheduler: {{between_steps_budget: 2}}
+scheduler: {{policy: between_steps, between_steps_budget: 2}}
 grpo: {{minibatch_size: 4, lr: 0.001}}
 train: {{checkpoint_every: 1, tensorboard: false, device: cpu}}
 """

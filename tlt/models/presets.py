@@ -44,9 +44,9 @@ BOOTSTRAP_DEFAULTS: dict[str, tuple[str, ...]] = {
         "bootstrap.max_steps=1000",
         "eval.max_new_tokens=128",
     ),
-    "tiny": ("bootstrap.max_steps=3000", "bootstrap.precision=bf16-mixed"),  # the main job's, ~7 min
+    "tiny": ("bootstrap.max_steps=3000", "bootstrap.precision=auto"),  # ~7 min with native bf16
     "small": ("bootstrap.max_steps=3000",),
-    "deep": ("bootstrap.max_steps=3000", "bootstrap.precision=bf16-mixed"),
+    "deep": ("bootstrap.max_steps=3000", "bootstrap.precision=auto"),
 }
 
 

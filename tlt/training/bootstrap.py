@@ -23,6 +23,7 @@ from tlt.config import ConfigError, RunConfig
 from tlt.data.prompts import format_prompt, format_response
 from tlt.data.splits import heldout_problems, task_mix, training_problems
 from tlt.evaluation import evaluate
+from tlt.machine import resolve_precision
 from tlt.models.io import atomic_write_json, save_hf_folder
 from tlt.models.presets import build_model, count_parameters
 from tlt.models.tokenizer import train_tokenizer
@@ -66,7 +67,7 @@ def _trainer(cfg: RunConfig, ckpt_dir: Path) -> L.Trainer:
         strategy="ddp" if b.devices > 1 else "auto",
         max_steps=b.max_steps,
         max_epochs=-1,
-        precision=b.precision,
+        precision=resolve_precision(b.precision, "cuda" if torch.cuda.is_available() else "cpu"),
         logger=False,
         enable_model_summary=False,
         gradient_clip_val=1.0,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tlt.config import RunConfig
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text
+from tlt.models.io import atomic_save_figure, atomic_write_json, atomic_write_text
 
 PARTS = ("rollout", "train", "drafter", "push")
 
@@ -35,6 +35,7 @@ class RunTimes:
     heldout_accuracy: float | None = None  # greedy, final policy
     rollout_tokens_per_second: float = 0.0  # response tokens over rollout seconds, summed over measured steps
     total: float = 0.0  # step seconds summed over the measured steps: the run's wall time after warm-up
+    rollout_total: float = 0.0  # rollout seconds summed over the measured steps
 
     @staticmethod
     def of(history: list[dict], warmup: int) -> RunTimes:
@@ -53,6 +54,7 @@ class RunTimes:
             accept_length=statistics.fmean(sd) if sd else 0.0,
             rollout_tokens_per_second=rollout_throughput(measured),
             total=sum(step_seconds(m) for m in measured),
+            rollout_total=sum(m["rollout_seconds"] for m in measured),
         )
 
 
@@ -90,6 +92,21 @@ class Comparison:
         return self.baseline.rollout / self.baseline.step
 
     @property
+    def run_rollout_speedup(self) -> float | None:
+        """s over the whole run: the baseline's summed rollout seconds over TLT's."""
+        return ratio(self.baseline.rollout_total, self.tlt.rollout_total)
+
+    @property
+    def run_rollout_share(self) -> float | None:
+        """r over the whole run: the baseline's summed rollout seconds over its summed step seconds."""
+        return ratio(self.baseline.rollout_total, self.baseline.total)
+
+    @property
+    def run_amdahl_bound(self) -> float | None:
+        r, s = self.run_rollout_share, self.run_rollout_speedup
+        return None if r is None or s is None else amdahl_bound(r, s)
+
+    @property
     def amdahl_bound(self) -> float:
         return amdahl_bound(self.rollout_share, self.rollout_speedup)
 
@@ -119,19 +136,45 @@ class Comparison:
             "run_ratio",
             "rollout_share",
             "amdahl_bound",
+            "run_rollout_speedup",
+            "run_rollout_share",
+            "run_amdahl_bound",
             "caveat",
         )
         return asdict(self) | {name: getattr(self, name) for name in derived}
 
     def summary(self) -> str:
         note = f"\nnote: {self.caveat}" if self.caveat else ""
-        return (
-            f"TLT step {self.tlt.step:.2f}s vs baseline {self.baseline.step:.2f}s: {self.speedup:.2f}x "
+        run = "" if self.run_ratio is None else f"whole run {self.run_ratio:.2f}x "
+        if self.run_amdahl_bound is not None:
+            run += f"(rollout {self.run_rollout_speedup:.2f}x, r={self.run_rollout_share:.0%}, bound "
+            run += f"{self.run_amdahl_bound:.2f}x); "
+        return run + (
+            f"median step TLT {self.tlt.step:.2f}s vs baseline {self.baseline.step:.2f}s: {self.speedup:.2f}x "
             f"(rollout {self.rollout_speedup:.2f}x, rollout share r={self.rollout_share:.0%}, Amdahl bound "
             f"{self.amdahl_bound:.2f}x, {self.of_bound:.0%} of it); held-out accuracy base "
             f"{format_percent(self.base_heldout_accuracy)} -> TLT {format_percent(self.tlt.heldout_accuracy)}, "
             f"baseline {format_percent(self.baseline.heldout_accuracy)}{note}"
         )
+
+    def _headline(self) -> list[str]:
+        """The whole run (summed seconds) and the median step, each with its r, s and Amdahl bound."""
+        run = self.run_ratio
+        if run is None or self.run_amdahl_bound is None:
+            whole = "- whole run: n/a (no measured step seconds)"
+        else:
+            whole = (
+                f"- whole run (seconds of all measured steps, {self.tlt.total:.1f} s vs {self.baseline.total:.1f} s):"
+                f" **{run:.2f}x**; rollout s = {self.run_rollout_speedup:.2f}x, rollout share r = "
+                f"{self.run_rollout_share:.1%}, Amdahl bound {self.run_amdahl_bound:.2f}x, measured / bound "
+                f"{run / self.run_amdahl_bound:.2f}"
+            )
+        median = (
+            f"- median step ({self.tlt.step:.3f} s vs {self.baseline.step:.3f} s): **{self.speedup:.2f}x**; rollout s"
+            f" = {self.rollout_speedup:.2f}x, r = {self.rollout_share:.1%}, Amdahl bound {self.amdahl_bound:.2f}x, "
+            f"measured / bound {self.of_bound:.2f}"
+        )
+        return [whole, median]
 
     def markdown(self) -> str:
         rows = [
@@ -146,8 +189,12 @@ class Comparison:
         lines = [
             "# TLT vs baseline (same RL, TLT off)",
             "",
-            f"Medians over {self.measured_steps} steps per run after warm-up. Machine: "
+            f"{self.measured_steps} measured steps per run after warm-up. Machine: "
             + ", ".join(f"{k} {v}" for k, v in self.machine.items()),
+            "",
+            *self._headline(),
+            "",
+            "Medians per step:",
             "",
             "| | TLT | baseline |",
             "|---|---:|---:|",
@@ -155,11 +202,10 @@ class Comparison:
             f"| held-out accuracy (greedy, final policy) | {format_percent(self.tlt.heldout_accuracy)} "
             f"| {format_percent(self.baseline.heldout_accuracy)} |",
             "",
-            f"- step speedup **{self.speedup:.2f}x**; rollout speedup s = {self.rollout_speedup:.2f}x; rollout "
-            f"throughput (response tokens per rollout second) ratio {format_ratio(self.throughput_ratio)}; "
-            f"summed seconds of all measured steps ratio {format_ratio(self.run_ratio)}",
-            f"- baseline rollout share r = {self.rollout_share:.1%}; Amdahl bound 1 / ((1 - r) + r / s) = "
-            f"{self.amdahl_bound:.2f}x; measured / bound = {self.of_bound:.2f}",
+            f"- rollout throughput (response tokens per rollout second) ratio {format_ratio(self.throughput_ratio)};"
+            f" summed seconds of all measured steps ratio {format_ratio(self.run_ratio)}",
+            "- Amdahl bound 1 / ((1 - r) + r / s): the step ratio a rollout speedup s allows when the rollout is a"
+            " share r of the baseline's step; TLT's own costs (drafter training, tuner) come off it",
             f"- held-out accuracy of the starting policy: {format_percent(self.base_heldout_accuracy)}",
             *([f"- note: {self.caveat}"] if self.caveat else []),
         ]
@@ -244,5 +290,83 @@ def compare(cfg: RunConfig, tlt_dir: Path, baseline_dir: Path) -> Comparison:
     )
     out = Path(cfg.output_dir)
     atomic_write_json(out / "speedup.json", result.to_dict())
-    atomic_write_text(out / "speedup.md", result.markdown())
+    plot_comparison(*histories, cfg.train.warmup_steps, out / "speedup.png")
+    atomic_write_text(out / "speedup.md", result.markdown() + "\n![the long tail, step by step](speedup.png)\n")
     return result
+
+
+def slowest_step(history: list[dict], warmup: int) -> dict:
+    """The measured step with the longest rollout."""
+    return max(measured_steps(history, warmup), key=lambda m: m["rollout_seconds"])
+
+
+def plot_comparison(tlt: list[dict], baseline: list[dict], warmup: int, path: Path) -> None:
+    """Write `comparison_figure` to `path`."""
+    atomic_save_figure(comparison_figure(tlt, baseline, warmup), path, dpi=100)
+
+
+def comparison_figure(tlt: list[dict], baseline: list[dict], warmup: int):
+    """The slowest step of each arm as running batch size against time (plain decoding grey, SD coloured by
+    strategy), side by side on one scale; per-step rollout seconds of both arms; TLT's acceptance length and
+    SD share of tokens per step. Arguments: the two runs' per-step metrics."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
+    arms = (("TLT", tlt), ("TLT off", baseline))
+    colors: dict[str, str] = {"": "0.6"}
+    for ax, (name, history) in zip(axes[0], arms, strict=True):
+        step = slowest_step(history, warmup)
+        _draw_timeline(ax, step, colors)
+        ax.set(
+            title=f"{name}: slowest step (step {step['step'] + 1}, rollout {step['rollout_seconds']:.2f} s)",
+            xlabel="seconds into the rollout",
+            ylabel="running batch (slowest rank)",
+        )
+    right = max(ax.get_xlim()[1] for ax in axes[0])
+    top = max(ax.get_ylim()[1] for ax in axes[0])
+    for ax in axes[0]:
+        ax.set_xlim(0, right)
+        ax.set_ylim(0, top)
+    handles = [plt.Line2D([], [], color=c, lw=4, label=k or "plain decoding") for k, c in colors.items()]
+    axes[0][0].legend(handles=handles, title="decode step")
+    rollout_ax, accept_ax = axes[1]
+    for name, history in arms:
+        steps = [m["step"] + 1 for m in history]
+        rollout_ax.plot(steps, [m["rollout_seconds"] for m in history], marker="o", label=name)
+    rollout_ax.axvspan(0.5, warmup + 0.5, color="0.9", label="warm-up (not measured)")
+    rollout_ax.set(xlabel="RL step", ylabel="seconds", title="rollout seconds per step", ylim=(0, None))
+    rollout_ax.legend()
+    steps = [m["step"] + 1 for m in tlt]
+    accept_ax.plot(steps, [m["accept_length"] for m in tlt], marker="o", label="tokens per verify")
+    share_ax = accept_ax.twinx()
+    share_ax.plot(steps, [m["sd_token_share"] for m in tlt], color="tab:green", marker=".", label="SD share")
+    share_ax.set(ylim=(0, 1.05), ylabel="share of decoded tokens from SD steps")
+    accept_ax.set(
+        xlabel="RL step", ylabel="tokens per verify", title="TLT: acceptance length and SD share", ylim=(0, None)
+    )
+    accept_ax.legend(loc="lower left")
+    share_ax.legend(loc="lower right")
+    for ax in axes[1]:
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.tight_layout()
+    return fig
+
+
+def _draw_timeline(ax, step: dict, colors: dict[str, str]) -> None:
+    """One step's decode runs (`rl_loop.decode_timeline`) as horizontal bars at their running batch size; the
+    time before the first decode step (prefill, setup) is left blank."""
+    import matplotlib.pyplot as plt
+
+    timeline = step.get("timeline") or []
+    t = max(step["rollout_seconds"] - sum(run[3] for run in timeline), 0.0)
+    palette = plt.get_cmap("tab10").colors
+    for batch, strategy, _, seconds, _ in timeline:
+        if strategy not in colors:
+            colors[strategy] = palette[(len(colors) - 1) % len(palette)]
+        ax.broken_barh([(t, seconds)], (batch - 0.4, 0.8), color=colors[strategy])
+        t += seconds
+    ax.set_xlim(0, max(t, 1e-3) * 1.02)
+    ax.set_ylim(0, max((run[0] for run in timeline), default=1) + 1)

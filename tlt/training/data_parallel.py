@@ -56,7 +56,7 @@ from tlt.schedulers.idle import IdleScheduler, Policy
 from tlt.training.checkpoint import RANK_LOCAL, rng_state, save_checkpoint
 from tlt.training.fsdp import ShardedPolicy
 from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats, update_policy
-from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics, sharding_error
+from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics, decode_timeline, sharding_error
 from tlt.training.spot import DrafterStepper, SpotWorker
 
 POLL_SECONDS = 0.001  # the store wait of a step without drafter training
@@ -208,6 +208,7 @@ class _Generated:
     problems: list[MathProblem]
     rollouts: list[Rollout]
     decode: list[float]  # see _Share
+    timeline: list[list]  # rl_loop.decode_timeline of the generate
     start: float  # clock at the start of the step
     end: float  # clock at the end of the generation
 
@@ -220,6 +221,7 @@ class _Share:
     rewards: torch.Tensor  # [b]
     batch: GRPOBatch  # old (and reference) log-probs filled in
     decode: list[float]  # accepted + rows of SD verifies, rows, SD-step tokens, decode-step tokens
+    timeline: list[list]  # rl_loop.decode_timeline of the generate
     generate_seconds: float
     local_seconds: float  # rewards, advantages, recompute and buffer fill
     end: float  # clock at the end of the share
@@ -293,6 +295,7 @@ class DistributedRLTrainer(RLTrainer):
             "rewards": share.rewards.tolist(),
             "truncated": sum(r.finish_reason is FinishReason.LENGTH for r in share.rollouts),
             "decode": share.decode,
+            "timeline": share.timeline,
             "gap": [gap, mask.sum().item()],
             "generate": share.generate_seconds,
             "local": share.local_seconds,
@@ -344,14 +347,15 @@ class DistributedRLTrainer(RLTrainer):
     def _generate(self, problems: list[MathProblem], start: float) -> _Generated:
         """This rank's rollout share; no collective."""
         rollouts = self._rollout(problems)
-        return _Generated(problems, rollouts, _decode_sums(self.engine.step_stats), start, self._clock())
+        stats = self.engine.step_stats
+        return _Generated(problems, rollouts, _decode_sums(stats), decode_timeline(stats), start, self._clock())
 
     def _prepare(self, gen: _Generated) -> _Share:
         """Rewards, advantages, recompute and buffer fill of this rank's rollouts; no collective."""
         rewards = self._rewards(gen.rollouts, gen.problems)
         batch = self._recompute(self._batch(gen.rollouts, rewards))
         end = self._clock()
-        return _Share(gen.rollouts, rewards, batch, gen.decode, gen.end - gen.start, end - gen.end, end)
+        return _Share(gen.rollouts, rewards, batch, gen.decode, gen.timeline, gen.end - gen.start, end - gen.end, end)
 
     def _wait_for_all(self) -> float:
         """Count this rank's share done in the store and poll until every rank's is; returns the seconds
@@ -385,6 +389,7 @@ def combine(parts: list[dict], step: int, version: int, update: UpdateStats) -> 
     gap, gap_tokens = (sum(p["gap"][i] for p in parts) for i in range(2))
     losses = [x for p in parts for x in p["losses"]]
     stats = LengthStats.of(lengths)
+    slowest = max(parts, key=lambda p: p["generate"])
     return StepMetrics(
         step=step,
         version=version,
@@ -410,6 +415,7 @@ def combine(parts: list[dict], step: int, version: int, update: UpdateStats) -> 
         spot_steps=sum(p["spot_steps"] for p in parts),
         idle_seconds=sum(p["idle"] for p in parts),
         idle_train_seconds=sum(p["idle_train"] for p in parts),
+        timeline=slowest["timeline"],
     )
 
 

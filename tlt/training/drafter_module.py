@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle_head import EagleHead
+from tlt.machine import resolve_precision
 from tlt.training.drafter_buffer import DrafterBuffer
 from tlt.training.drafter_loss import DrafterLossOutput, EagleLoss
 from tlt.training.packing import PackedBatch, pack, pad
@@ -50,7 +51,8 @@ class DrafterModule(L.LightningModule):
         p = batch.pairs()
         dtype = self.head.fc.weight.dtype
         device = self.head.fc.weight.device.type
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16-mixed"):
+        bf16 = resolve_precision(self.cfg.precision, device) == "bf16-mixed"
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
             pred = self.head.train_forward(p.tokens, p.hidden, p.position_ids, p.document_ids)  # [B, L - 1, D]
             return self.loss(pred, p.target.to(dtype), self.head.lm_head, p.loss_mask)
 

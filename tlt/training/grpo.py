@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import checkpoint
 
 from tlt.config import GRPOConfig
+from tlt.machine import resolve_precision
 
 ADVANTAGE_EPS = 1e-4  # added to the group std, as in TRL's GRPOTrainer
 
@@ -225,7 +226,8 @@ def policy_forward(
     come back in the weights' dtype.
     """
     dtype = next(model.parameters()).dtype
-    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+    bf16 = resolve_precision(precision, input_ids.device.type) == "bf16-mixed"
+    with torch.autocast(input_ids.device.type, dtype=torch.bfloat16, enabled=bf16):
         if isinstance(model, HiddenAndLogits):
             hidden, logits = model(input_ids, attention_mask)
         else:

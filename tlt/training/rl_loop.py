@@ -10,8 +10,12 @@ one version), so the trainer never shares tensors with the rollout. Versions: th
 engine runs version k + 1.
 
 Single process, the drafter trains between steps: there is no other worker whose rollout it could overlap,
-so `spot` and `between_steps` both run `scheduler.between_steps_budget` micro-steps (`DrafterStepper`; at
-most `drafter.max_epochs_per_step` passes over the buffer) after the update, and `never` none. Online
+so no worker is ever idle. `between_steps` runs `scheduler.between_steps_budget` micro-steps
+(`DrafterStepper`) after the update; `spot` trains only within a wall-time budget there, micro-steps until
+they have taken `scheduler.no_idle_budget` of the step's rollout + training seconds (checked between
+chunks of `drafter.preempt_tokens`), so TLT's drafter costs at most that share of a step where it has no
+idle time to use (which makes a one-process `spot` run depend on timing, like a multi-process one); both
+take at most `drafter.max_epochs_per_step` passes over the buffer; `never` none. Online
 training is for EAGLE drafters (n-gram and small-LM drafters stay as they are; asking to train them is a
 config error). With `speculative.enabled=false` there is no drafter, no
 buffer and no drafter training: the plain-decoding baseline.
@@ -24,7 +28,7 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -91,6 +95,8 @@ class StepMetrics:
     idle_seconds: float = 0.0  # time ranks waited between their own share's end and the last rank's
     idle_train_seconds: float = 0.0  # of that idle time, seconds spent in drafter micro-steps
     drafter_checkpoint_seconds: float = 0.0  # the step blocked this long for its async drafter checkpoint
+    # The decode steps of the step's slowest generate (`decode_timeline`): not a scalar, so not in metrics.csv
+    timeline: list[list] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,6 +163,22 @@ def sharding_error(cfg: RunConfig) -> str:
         f"train.sharding={cfg.train.sharding} shards the policy update over processes and needs a multi-process "
         "run (train.devices=N on CPU, torchrun on GPUs); one process updates its whole policy: use replicate"
     )
+
+
+def decode_timeline(steps: list[DecodeStepStats]) -> list[list]:
+    """A generate's decode steps as runs of equal running batch and strategy, in order:
+    [running batch, strategy ('' = plain decoding), decode steps, seconds, generated tokens] per run
+    (what the long-tail picture of `tlt.training.compare` draws)."""
+    runs: list[list] = []
+    for s in steps:
+        strategy = s.strategy if s.sd_on else ""
+        if runs and runs[-1][0] == s.running_batch and runs[-1][1] == strategy:
+            runs[-1][2] += 1
+            runs[-1][3] += s.seconds
+            runs[-1][4] += s.generated_tokens
+        else:
+            runs.append([s.running_batch, strategy, 1, s.seconds, s.generated_tokens])
+    return runs
 
 
 def decode_stats(steps: list[DecodeStepStats]) -> tuple[float, float]:
@@ -283,7 +305,7 @@ class RLTrainer:
         batch = self._recompute(self._batch(rollouts, rewards))
         update = update_policy(self.module, self.optimizer, batch, self.generator)
         train_end = self._clock()
-        drafter_losses = self._train_drafter()
+        drafter_losses = self._train_drafter(train_end - start)
         drafter_end = self._clock()
         self.version += 1
         self._push()
@@ -312,6 +334,7 @@ class RLTrainer:
             drafter_steps=len(drafter_losses),
             drafter_loss=sum(drafter_losses) / len(drafter_losses) if drafter_losses else None,
             buffer_samples=0 if self.buffer is None else len(self.buffer),
+            timeline=decode_timeline(self.engine.step_stats),
         )
         metrics = self._checkpoint_drafter(metrics)
         self.step_index += 1
@@ -404,12 +427,20 @@ class RLTrainer:
     def _fill_buffer(self, chunk: GRPOBatch, hidden: torch.Tensor) -> None:
         self.buffer.add_from_forward(chunk.input_ids, hidden, chunk.attention_mask, chunk.response_mask, self.version)
 
-    def _train_drafter(self) -> list[float]:
-        """Micro-step losses of this step's drafter training (none under `never` or without SD)."""
+    def _train_drafter(self, step_seconds: float) -> list[float]:
+        """Micro-step losses of this step's drafter training after `step_seconds` of rollout and training
+        (none under `never` or without SD; module doc for `spot` and `between_steps` in one process)."""
         if self.stepper is None or len(self.buffer) == 0:
             return []
-        steps = min(self.cfg.scheduler.between_steps_budget, self.stepper.budget())
-        return [self.stepper.step() for _ in range(steps)]
+        scheduler = self.cfg.scheduler
+        if scheduler.policy == "between_steps":
+            return [self.stepper.step() for _ in range(min(scheduler.between_steps_budget, self.stepper.budget()))]
+        deadline = self._clock() + scheduler.no_idle_budget * step_seconds
+        spent = lambda: self._clock() >= deadline  # noqa: E731
+        losses: list[float] = []
+        while len(losses) < self.stepper.budget() and not spent():
+            losses.append(self.stepper.step(spent))
+        return losses
 
     def _push(self) -> None:
         state = self.policy.state_dict()

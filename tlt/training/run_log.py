@@ -10,7 +10,7 @@ from pathlib import Path
 from tlt.models.io import atomic_save_figure, atomic_write_text
 from tlt.training.rl_loop import StepMetrics
 
-COLUMNS = [f.name for f in fields(StepMetrics)]
+COLUMNS = [f.name for f in fields(StepMetrics) if f.name != "timeline"]  # the scalars
 
 
 def progress_line(m: StepMetrics, total_steps: int) -> str:
@@ -34,7 +34,7 @@ class MetricsLog:
     def __init__(self, output_dir: Path, history: list[dict], tensorboard: bool):
         self.csv_path = output_dir / "metrics.csv"
         text = io.StringIO()
-        writer = csv.DictWriter(text, COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(text, COLUMNS, lineterminator="\n", extrasaction="ignore")
         writer.writeheader()
         writer.writerows(history)
         atomic_write_text(self.csv_path, text.getvalue())
@@ -42,10 +42,10 @@ class MetricsLog:
 
     def append(self, m: StepMetrics) -> None:
         with self.csv_path.open("a", newline="") as f:
-            csv.DictWriter(f, COLUMNS, lineterminator="\n").writerow(m.to_dict())
+            csv.DictWriter(f, COLUMNS, lineterminator="\n", extrasaction="ignore").writerow(m.to_dict())
         if self.writer is not None:
             for name, value in m.to_dict().items():
-                if name != "step" and value is not None:
+                if name in COLUMNS and name != "step" and value is not None:
                     self.writer.add_scalar(f"rl/{name}", value, m.step)
             self.writer.flush()
 

@@ -328,7 +328,7 @@ def _finish(cfg: RunConfig, out: Path, history: list[dict], extra: dict | None =
     if history:
         plot_summary(history, out / "summary.png")
     summary = {"output_dir": str(out), "steps": len(history), "policy": str(out / "checkpoint" / "policy")}
-    summary |= extra or {}
+    summary |= {"devices": 1} | (extra or {})
     summary |= {
         "speculative": cfg.speculative.enabled,
         "tuner": cfg.speculative.tuner if cfg.speculative.enabled else None,
@@ -354,6 +354,8 @@ def _totals(history: list[dict]) -> dict:
         "response_len_mean": mean("response_len_mean"),
         "accept_length_mean": sum(sd_steps) / len(sd_steps) if sd_steps else 0.0,
         "sd_token_share_mean": mean("sd_token_share"),
+        "spot_steps": sum(m.get("spot_steps", 0) for m in history),  # drafter micro-steps in idle time
+        "idle_train_seconds": sum(m.get("idle_train_seconds", 0.0) for m in history),
         "seconds": seconds | {"total": sum(seconds.values())},
         "step_seconds_mean": sum(seconds.values()) / len(history),
     }
