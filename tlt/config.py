@@ -326,6 +326,11 @@ class GRPOConfig:
     # recompute and update forwards: 32-true, bf16-mixed (bf16 autocast over fp32 weights; what GPU runs use), or
     # auto (bf16-mixed on CUDA and on CPUs with native bf16, else 32-true)
     precision: str = "32-true"
+    # pi_old of the clipped ratio: recompute (a forward of the policy over the rollouts, as verl and TRL do), rollout
+    # (the engine's log-probs of the sampled tokens, and the drafter buffer filled from the engine's hidden
+    # states: no forward; exact when the engine runs the trainer's weights in the trainer's numerics), or auto
+    # (rollout with the native engine and float32 training, else recompute: tlt.training.grpo.old_logprobs_source)
+    old_logprobs: str = "recompute"
     # recompute each decoder layer's activations in the backward instead of keeping them (less memory, ~1/3 more
     # forward compute; gradients unchanged): for large policies on GPUs
     activation_checkpointing: bool = False
@@ -333,6 +338,7 @@ class GRPOConfig:
     def __post_init__(self) -> None:
         _check(self.steps >= 1, "grpo.steps", "an integer >= 1", self.steps)
         _check_choice("grpo.precision", self.precision, PRECISIONS)
+        _check_choice("grpo.old_logprobs", self.old_logprobs, ("recompute", "rollout", "auto"))
         _check(0 < self.lr < 1, "grpo.lr", "a float in (0, 1)", self.lr)
         _check(0 < self.clip_eps < 1, "grpo.clip_eps", "a float in (0, 1)", self.clip_eps)
         _check(self.kl_coef >= 0, "grpo.kl_coef", "a float >= 0", self.kl_coef)

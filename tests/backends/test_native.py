@@ -48,6 +48,9 @@ def test_logprobs_and_hidden_states_match_hf(native_target):
         expected = logp.gather(1, rollout.token_ids[:, None]).squeeze(1)
         torch.testing.assert_close(rollout.logprobs, expected, atol=1e-5, rtol=0)
         torch.testing.assert_close(rollout.hidden_states, out.hidden_states[-1][0, P - 1 : -1], atol=1e-4, rtol=0)
+        torch.testing.assert_close(rollout.prompt_hidden_states, out.hidden_states[-1][0, :P], atol=1e-4, rtol=0)
+    samples = NativeEngine(native_target, eos_token_id=None, max_seq_len=64).generate(PROMPTS, params, n=2)
+    assert all(r.hidden_states is None and r.prompt_hidden_states is None for r in samples)  # only if asked
 
 
 def test_eos_stops_and_is_included(native_target):

@@ -116,6 +116,54 @@ def test_spot_in_one_process_trains_only_within_its_budget(tokenizer):
     assert m.drafter_steps == trainer.stepper.budget() > 1 and m.drafter_loss is not None
 
 
+def test_rollout_old_logprobs_take_the_engines_and_fill_the_buffer_from_its_features(tokenizer):
+    """grpo.old_logprobs=rollout: the same step as a recompute, up to float rounding, without the forward; the
+    drafter buffer holds the engine's features of prompt + response minus the last token."""
+    overrides = COMMON + ["drafter.batch_tokens=128", "scheduler.policy=between_steps", "speculative.tuner=fixed",
+                          "speculative.strategies=['3_1_4']", "grpo.kl_coef=0.01"]  # fmt: skip
+    runs = {}
+    for mode in ("recompute", "rollout"):
+        cfg = load_config(None, [*overrides, f"grpo.old_logprobs={mode}"])
+        trainer = RLTrainer(cfg, _policy(tokenizer), tokenizer, PROBLEMS, reward_fn=_by_length)
+        assert trainer.old_logprobs == mode and trainer.engine.return_hidden == (mode == "rollout")
+        runs[mode] = (trainer, trainer.step())
+    (recomputed, a), (taken, b) = runs["recompute"], runs["rollout"]
+    assert b.logprob_gap == 0 and 0 < a.logprob_gap < 1e-4  # pi_old is the engine's log-prob itself
+    assert b.kl == pytest.approx(a.kl, abs=1e-6) and b.loss == pytest.approx(a.loss, abs=1e-5)
+    for name, weight in recomputed.policy.state_dict().items():
+        torch.testing.assert_close(taken.policy.state_dict()[name], weight, atol=1e-5, rtol=0)
+    pairs = zip(recomputed.buffer.samples, taken.buffer.samples, strict=True)
+    for full, engine in pairs:  # the same rollouts (fixed tuner, same seeds): the engine's sample is one shorter
+        T = engine.num_tokens
+        assert T == full.num_tokens - 1 and torch.equal(engine.tokens, full.tokens[:T])
+        assert torch.equal(engine.loss_mask, full.loss_mask[:T])
+        torch.testing.assert_close(engine.hidden, full.hidden[:T], atol=1e-4, rtol=0)
+
+
+def test_auto_old_logprobs_take_the_engines_only_where_they_are_the_trainers():
+    from tlt.config import GRPOConfig
+    from tlt.training.grpo import old_logprobs_source
+
+    assert old_logprobs_source(GRPOConfig(old_logprobs="auto"), "native", "cpu") == "rollout"
+    assert old_logprobs_source(GRPOConfig(old_logprobs="auto"), "vllm", "cpu") == "recompute"
+    assert old_logprobs_source(GRPOConfig(old_logprobs="auto", precision="bf16-mixed"), "native", "cpu") == (
+        "recompute"
+    )
+    assert old_logprobs_source(GRPOConfig(old_logprobs="auto", precision="auto"), "native", "cuda") == "recompute"
+    assert old_logprobs_source(GRPOConfig(old_logprobs="rollout", precision="bf16-mixed"), "vllm", "cpu") == ("rollout")
+
+
+def test_rollout_old_logprobs_need_the_native_engine_while_the_drafter_trains():
+    from tlt.config import ConfigError
+    from tlt.training.rl_loop import check_rl_config
+
+    online = ["rollout.backend=vllm", "speculative.tuner=fixed", "speculative.strategies=['3_1_4']"]
+    with pytest.raises(ConfigError, match="grpo.old_logprobs: rollout fills the drafter buffer from the engine"):
+        check_rl_config(load_config(None, [*online, "grpo.old_logprobs=rollout"]))
+    check_rl_config(load_config(None, [*online, "grpo.old_logprobs=auto"]))  # auto recomputes there
+    check_rl_config(load_config(None, [*online, "grpo.old_logprobs=rollout", "scheduler.policy=never"]))
+
+
 def test_step_with_bf16_mixed_training(tokenizer):
     overrides = COMMON + [
         "drafter.batch_tokens=128",

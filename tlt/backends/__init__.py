@@ -58,6 +58,7 @@ def engine_from_config(
     drafter: Drafter | None,
     device: torch.device,
     work_dir: str | Path,
+    return_hidden: bool = False,
 ) -> RolloutEngine:
     """The rollout engine of `cfg.rollout.backend` over a copy of `policy`, with `drafter` when SD is on.
 
@@ -66,7 +67,8 @@ def engine_from_config(
     the engine loads it, writing its weight updates under `work_dir`; SD with `speculative.strategies[0]` while at
     most `speculative.threshold` sequences run (tuner `fixed`), with `rollout.engine_args` passed to the engine
     (e.g. dtype, gpu_memory_utilization). Prompts longer than the engine allows keep their
-    last tokens. On CPU, the vllm engine of rank r is bound to core r.
+    last tokens. On CPU, the vllm engine of rank r is bound to core r. `return_hidden`: rollouts carry the
+    target's hidden states (native engine only).
     """
     from tlt.schedulers.tuners import tuner_from_config
 
@@ -86,7 +88,10 @@ def engine_from_config(
             device=device,
             truncate_prompts="left",
             draft_int8=spec.draft_int8,
+            return_hidden=return_hidden,
         )
+    if return_hidden:
+        raise ValueError(f"rollout.backend={r.backend} returns no hidden states; only the native engine does")
     import torch.distributed as dist
 
     from tlt.models.io import save_hf_folder

@@ -58,6 +58,7 @@ class Rollout:
     logprobs: torch.Tensor
     finish_reason: FinishReason
     hidden_states: torch.Tensor | None = None  # [T, D] target last-layer hidden state per response token
+    prompt_hidden_states: torch.Tensor | None = None  # [P, D] the same at each prompt position (native engine)
 
 
 @dataclass

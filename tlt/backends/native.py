@@ -38,7 +38,9 @@ class NativeEngine:
     """RolloutEngine over an HF Qwen2 / Llama causal LM (moved to `device`; weights shared with the engine).
 
     Rollout.hidden_states[t] is the target's final-norm hidden state at the position that produced token t
-    (HF's last_hidden_state at index P - 1 + t over prompt + response), the pair the drafter trains on.
+    (HF's last_hidden_state at index P - 1 + t over prompt + response), the pair the drafter trains on;
+    Rollout.prompt_hidden_states [P, D] those at the prompt positions (one tensor shared by a prompt's n
+    samples). Both only with return_hidden.
     """
 
     capabilities = CAPABILITIES
@@ -162,6 +164,8 @@ class NativeEngine:
         lengths = torch.tensor([p.numel() for p in prompts], device=self.device)
         tokens = torch.nn.utils.rnn.pad_sequence(prompts, batch_first=True)  # [P, T] right-padded
         hidden, logits = self.runner.prefill(tokens, lengths, n)  # [P, T, D], [P, V]
+        if self.return_hidden:
+            outputs.prompt_hidden = hidden.clone()
         rows = torch.arange(len(prompts), device=self.device).repeat_interleave(n)  # [R]
         logits, lengths = logits[rows], lengths[rows]
         first = next_tokens(logits, sampling, generator)  # [R]

@@ -76,6 +76,7 @@ class Outputs:
     hidden: torch.Tensor | None  # [R, W, D] prev-position hidden state of each token
     lengths: torch.Tensor  # [R] int64 tokens generated so far
     stopped: torch.Tensor  # [R] bool ended with EOS
+    prompt_hidden: torch.Tensor | None = None  # [P, T, D] each prompt's hidden states (set by the prefill)
 
     @staticmethod
     def allocate(num_seqs: int, max_new_tokens: int, hidden_size: int | None, device) -> Outputs:
@@ -106,6 +107,11 @@ class Outputs:
         self.lengths[seq_ids] += stop.counts
         self.stopped[seq_ids] = stop.stopped
 
+    def _prompt_hidden(self, prompt: int, length: int) -> torch.Tensor | None:
+        if self.hidden is None or self.prompt_hidden is None:
+            return None
+        return self.prompt_hidden[prompt, :length].to(self.hidden.dtype)  # a view: the n samples share it
+
     def rollouts(self, prompts: list[torch.Tensor], n: int) -> list[Rollout]:
         lengths, stopped = self.lengths.tolist(), self.stopped.tolist()
         out = []
@@ -119,6 +125,7 @@ class Outputs:
                     logprobs=self.logprobs[seq, :length].clone(),
                     finish_reason=FinishReason.STOP if stop else FinishReason.LENGTH,
                     hidden_states=None if self.hidden is None else self.hidden[seq, :length].clone(),
+                    prompt_hidden_states=self._prompt_hidden(seq // n, prompts[seq // n].numel()),
                 )
             )
         return out

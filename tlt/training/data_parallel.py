@@ -353,7 +353,7 @@ class DistributedRLTrainer(RLTrainer):
     def _prepare(self, gen: _Generated) -> _Share:
         """Rewards, advantages, recompute and buffer fill of this rank's rollouts; no collective."""
         rewards = self._rewards(gen.rollouts, gen.problems)
-        batch = self._recompute(self._batch(gen.rollouts, rewards))
+        batch = self._old_logprobs(self._batch(gen.rollouts, rewards), gen.rollouts)
         end = self._clock()
         return _Share(gen.rollouts, rewards, batch, gen.decode, gen.timeline, gen.end - gen.start, end - gen.end, end)
 

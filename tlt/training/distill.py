@@ -57,28 +57,18 @@ class DistillReport:
 def collect_sequences(
     model, prompts: list[list[int]], sampling: SamplingParams, eos_token_id: int | None, batch_size: int = 64
 ) -> list[DrafterSample]:
-    """Generate one response per prompt with the target; samples carry its final-norm features (version 0).
-
-    The last generated token's feature is never computed, so a sample holds prompt + response minus that
-    token; its loss mask marks the response tokens.
-    """
+    """Generate one response per prompt with the target; samples carry its final-norm features (version 0,
+    `DrafterSample.from_rollout`: prompt + response minus the last token, the response tokens trained)."""
     max_seq_len = min(max(map(len, prompts)) + sampling.max_new_tokens, model.config.max_position_embeddings)
     engine = NativeEngine(
         model, eos_token_id, max_seq_len, return_hidden=True, truncate_prompts="left", device=model.device
     )
     out = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start : start + batch_size]
-        rollouts = engine.generate(chunk, sampling)
-        padded = torch.nn.utils.rnn.pad_sequence([r.prompt_ids for r in rollouts], batch_first=True)  # [B, T]
-        prompt_hidden = model.model(input_ids=padded).last_hidden_state  # [B, T, D], causal: padding is harmless
-        for b, r in enumerate(rollouts):
-            P = r.prompt_ids.numel()
-            hidden = torch.cat([prompt_hidden[b, : P - 1], r.hidden_states], dim=0)  # [P - 1 + R, D]
-            if r.token_ids.numel() >= 2:  # at least one pair with a response token and a known target
-                tokens = torch.cat([r.prompt_ids, r.token_ids[:-1]])  # [P + R - 1]
-                loss_mask = torch.arange(tokens.numel()) >= P
-                out.append(DrafterSample(tokens, hidden.float(), loss_mask, version=0))
+        samples = [
+            DrafterSample.from_rollout(r, 0) for r in engine.generate(prompts[start : start + batch_size], sampling)
+        ]
+        out += [s for s in samples if s is not None]
     return out
 
 

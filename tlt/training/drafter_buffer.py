@@ -39,6 +39,21 @@ class DrafterSample:
     def num_tokens(self) -> int:
         return self.tokens.shape[0]
 
+    @staticmethod
+    def from_rollout(rollout, version: int) -> DrafterSample | None:
+        """A sample of a rollout that carries the engine's hidden states (`Rollout.prompt_hidden_states` and
+        `hidden_states`, native engine with return_hidden): prompt + response minus the last token, whose
+        feature the engine never computes; None when no pair would carry loss (a one-token response)."""
+        if rollout.hidden_states is None or rollout.prompt_hidden_states is None:
+            raise ValueError("DrafterSample.from_rollout needs a rollout with hidden states (return_hidden=True)")
+        P = rollout.prompt_ids.numel()
+        if rollout.token_ids.numel() < 2:
+            return None
+        tokens = torch.cat([rollout.prompt_ids, rollout.token_ids[:-1]])  # [P + R - 1]
+        hidden = torch.cat([rollout.prompt_hidden_states[: P - 1], rollout.hidden_states])  # [P - 1 + R, D]
+        loss_mask = torch.arange(tokens.numel(), device=tokens.device) >= P
+        return DrafterSample(tokens, hidden.float(), loss_mask, version)
+
     @property
     def nbytes(self) -> int:
         return self.tokens.nbytes + self.hidden.nbytes + self.loss_mask.nbytes

@@ -307,13 +307,16 @@ class GRPOModule(L.LightningModule):
     def recompute(self, batch: GRPOBatch) -> tuple[GRPOBatch, torch.Tensor]:
         """(batch with old and reference log-probs filled in, the policy's hidden states [B, T, D])."""
         out = self(batch.input_ids, batch.attention_mask)
-        ref = None
-        if self.cfg.kl_coef > 0:
-            ref_out = policy_forward(
-                self.reference, batch.input_ids, batch.attention_mask, self.temperature, precision=self.cfg.precision
-            )
-            ref = ref_out.logprobs
+        ref = self.reference_logprobs(batch)
         return dataclasses.replace(batch, old_logprobs=out.logprobs, ref_logprobs=ref), out.hidden
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: GRPOBatch) -> torch.Tensor | None:
+        """[B, T - 1] log-probs of the frozen reference (None with the KL term off)."""
+        if self.cfg.kl_coef == 0:
+            return None
+        ids, mask = batch.input_ids, batch.attention_mask
+        return policy_forward(self.reference, ids, mask, self.temperature, precision=self.cfg.precision).logprobs
 
     def loss(self, batch: GRPOBatch) -> GRPOLoss:
         """The GRPO loss of a batch whose old (and reference) log-probs are filled in."""
@@ -386,6 +389,32 @@ def micro_batches(lengths: torch.Tensor, max_tokens: int, overhead_tokens: int) 
         groups.append(order[start[j] : j])
         j = start[j]
     return groups[::-1]
+
+
+def old_logprobs_source(cfg: GRPOConfig, backend: str, device_type: str) -> str:
+    """Where pi_old comes from (`grpo.old_logprobs`): "recompute" or "rollout". auto takes the engine's own
+    log-probs when they are the trainer's up to float rounding (the native engine runs the policy's weights in
+    float32, and the training forwards resolve to float32 too), else recomputes: a bf16 trainer against a
+    float32 engine would start every update off-policy by the rounding gap."""
+    if cfg.old_logprobs != "auto":
+        return cfg.old_logprobs
+    exact = backend == "native" and resolve_precision(cfg.precision, device_type) == "32-true"
+    return "rollout" if exact else "recompute"
+
+
+def rollout_old_logprobs(module: GRPOModule, batch: GRPOBatch) -> GRPOBatch:
+    """`batch` with pi_old = the engine's log-probs (`grpo.old_logprobs=rollout`: no policy forward), and with
+    the KL term on, the reference's log-probs in length-sorted micro-batches."""
+    if batch.sampler_logprobs is None:
+        raise ValueError("grpo.old_logprobs=rollout needs the engine's log-probs in batch.sampler_logprobs")
+    ref = None
+    if module.cfg.kl_coef > 0:
+        ref = torch.zeros_like(batch.sampler_logprobs)
+        lengths = batch.attention_mask.sum(1)
+        for index in micro_batches(lengths, module.cfg.micro_batch_tokens, module.cfg.micro_batch_overhead_tokens):
+            chunk = module.reference_logprobs(batch.rows(index))
+            ref[index, : chunk.shape[1]] = chunk
+    return dataclasses.replace(batch, old_logprobs=batch.sampler_logprobs, ref_logprobs=ref)
 
 
 def recompute_old_logprobs(

@@ -42,14 +42,16 @@ from tlt.data.rewards import math_rewards
 from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
-from tlt.training.drafter_buffer import DrafterBuffer
+from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
 from tlt.training.drafter_checkpoint import AsyncDrafterCheckpoint, load_drafter_state
 from tlt.training.grpo import (
     GRPOBatch,
     GRPOModule,
     group_advantages,
     make_batch,
+    old_logprobs_source,
     recompute_old_logprobs,
+    rollout_old_logprobs,
     token_mean,
     update_policy,
 )
@@ -152,6 +154,13 @@ def check_rl_config(cfg: RunConfig) -> None:
     check_backend_config(cfg)
     if cfg.rollout.temperature <= 0:
         raise ConfigError("rollout.temperature: GRPO needs sampled groups, got 0 (greedy); use e.g. 1.0")
+    online = cfg.speculative.enabled and cfg.scheduler.policy != "never"
+    if cfg.grpo.old_logprobs == "rollout" and online and cfg.rollout.backend != "native":
+        raise ConfigError(
+            f"grpo.old_logprobs: rollout fills the drafter buffer from the engine's hidden states, which "
+            f"rollout.backend={cfg.rollout.backend} does not return; use recompute (or auto) while the drafter "
+            "trains online"
+        )
     if cfg.rollout.samples_per_prompt < 2:
         raise ConfigError(
             f"rollout.samples_per_prompt: got {cfg.rollout.samples_per_prompt}; GRPO needs groups of >= 2"
@@ -229,7 +238,17 @@ class RLTrainer:
         self.sampler = ProblemSampler(problems, cfg.rollout.prompts_per_step, cfg.seed)
         sd = cfg.speculative.enabled
         self.drafter = (drafter or initial_drafter(cfg, self.policy)) if sd else None
-        self.engine = engine_from_config(cfg, self.policy, tokenizer, self.drafter, self.device, self._engine_dir())
+        self.old_logprobs = old_logprobs_source(cfg.grpo, cfg.rollout.backend, self.device.type)
+        trains_drafter = sd and cfg.scheduler.policy != "never"
+        self.engine = engine_from_config(
+            cfg,
+            self.policy,
+            tokenizer,
+            self.drafter,
+            self.device,
+            self._engine_dir(),
+            return_hidden=trains_drafter and self.old_logprobs == "rollout",  # the buffer's features
+        )
         self.buffer, self.stepper = self._drafter_training()
         self.version, self.step_index = 0, 0
         self.drafter_checkpoint = self._drafter_checkpoint()
@@ -302,7 +321,7 @@ class RLTrainer:
         rollout_end = self._clock()
         self._write_drafter_checkpoint()
         rewards = self._rewards(rollouts, problems)
-        batch = self._recompute(self._batch(rollouts, rewards))
+        batch = self._old_logprobs(self._batch(rollouts, rewards), rollouts)
         update = update_policy(self.module, self.optimizer, batch, self.generator)
         train_end = self._clock()
         drafter_losses = self._train_drafter(train_end - start)
@@ -420,9 +439,15 @@ class RLTrainer:
             [r.logprobs for r in rollouts],
         ).to(self.device)
 
-    def _recompute(self, batch: GRPOBatch) -> GRPOBatch:
-        """Fill in old (and reference) log-probs in length-sorted micro-batches; hidden states -> buffer."""
-        return recompute_old_logprobs(self.module, batch, None if self.buffer is None else self._fill_buffer)
+    def _old_logprobs(self, batch: GRPOBatch, rollouts: list[Rollout]) -> GRPOBatch:
+        """Fill in old (and reference) log-probs and the drafter buffer: by a recompute forward in
+        length-sorted micro-batches (its hidden states -> buffer), or from the rollouts (`grpo.old_logprobs`)."""
+        if self.old_logprobs == "recompute":
+            return recompute_old_logprobs(self.module, batch, None if self.buffer is None else self._fill_buffer)
+        if self.buffer is not None:
+            samples = [DrafterSample.from_rollout(r, self.version) for r in rollouts]
+            self.buffer.add([s for s in samples if s is not None])
+        return rollout_old_logprobs(self.module, batch)
 
     def _fill_buffer(self, chunk: GRPOBatch, hidden: torch.Tensor) -> None:
         self.buffer.add_from_forward(chunk.input_ids, hidden, chunk.attention_mask, chunk.response_mask, self.version)
