@@ -24,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tlt.models.io import atomic_write_text
+from tlt.models.io import atomic_write_json, atomic_write_text
 from tlt.training.compare import (
     amdahl_bound,
     format_percent,
@@ -69,7 +69,44 @@ def load_comparison(run_dir: str | Path) -> dict:
     if comparison.get("run_ratio") is None:  # likewise: the baseline's seconds over TLT's
         tlt, base = (_measure(d, steps, _seconds) for d in runs)
         comparison["run_ratio"] = ratio(base, tlt)
+    comparison["steps"] = {arm: _measure(d, steps, _per_step) for arm, d in zip(("tlt", "baseline"), runs, strict=True)}
     return comparison
+
+
+STEP_KEYS = ("step", "rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds", "accept_length",
+             "sd_token_share", "reward_mean", "response_len_mean", "response_len_max")  # fmt: skip
+
+
+def _per_step(steps: list[dict]) -> list[dict]:
+    """The measured steps' times and sample statistics (the raw data of the whole-run table)."""
+    return [{k: m[k] for k in STEP_KEYS if k in m} for m in steps]
+
+
+def whole_run(c: dict) -> tuple[float, float, float, float] | None:
+    """(run ratio, rollout s, rollout share r, Amdahl bound) over the summed measured steps; None without them."""
+    steps = c.get("steps") or {}
+    if not steps.get("tlt") or not steps.get("baseline"):
+        return None
+    total = {arm: sum(step_seconds(m) for m in steps[arm]) for arm in ("tlt", "baseline")}
+    rollout = {arm: sum(m["rollout_seconds"] for m in steps[arm]) for arm in ("tlt", "baseline")}
+    s, r = rollout["baseline"] / rollout["tlt"], rollout["baseline"] / total["baseline"]
+    return total["baseline"] / total["tlt"], s, r, amdahl_bound(r, s)
+
+
+def whole_run_row(c: dict) -> list[str]:
+    run = whole_run(c)
+    if run is None:
+        return [c["run"], str(c["seed"]), "n/a", "n/a", "n/a", "n/a", "n/a"]
+    ratio_, s, r, bound = run
+    return [
+        c["run"],
+        str(c["seed"]),
+        f"{ratio_:.2f}x",
+        f"{s:.2f}x",
+        f"{r:.0%}",
+        f"{bound:.2f}x",
+        f"{ratio_ / bound:.2f}",
+    ]
 
 
 def _measure(run_dir: Path, steps: int, measure) -> float | None:
@@ -142,6 +179,8 @@ def report(comparisons: list[dict], goal: float) -> str:
         f"- range over seeds: step {min(c['speedup'] for c in comparisons):.2f}-"
         f"{max(c['speedup'] for c in comparisons):.2f}x, rollout "
         f"{min(c['rollout_speedup'] for c in comparisons):.2f}-{max(c['rollout_speedup'] for c in comparisons):.2f}x",
+        *_whole_run_section(comparisons),
+        *_accuracy_lines(comparisons),
         f"- a {goal:.2f}x step goal "
         + (
             f"needs r >= {needed:.0%} at s = {med['rollout_speedup']:.2f}x"
@@ -152,16 +191,63 @@ def report(comparisons: list[dict], goal: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _whole_run_section(comparisons: list[dict]) -> list[str]:
+    """The whole-run table: each seed's summed step and rollout seconds, r, s and the Amdahl bound."""
+    columns = ("run", "seed", "run ratio", "rollout s", "r", "Amdahl bound", "of bound")
+    runs = [r for r in map(whole_run, comparisons) if r is not None]
+    lines = [
+        "",
+        "Whole run (seconds of all measured steps summed, per arm):",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "|".join("---" if i < 2 else "---:" for i in range(len(columns))) + "|",
+        *("| " + " | ".join(whole_run_row(c)) + " |" for c in comparisons),
+        "",
+    ]
+    if runs:
+        med = [statistics.median(r[i] for r in runs) for i in range(4)]
+        lines.append(
+            f"- whole run, medians over seeds: **{med[0]:.2f}x** (range {min(r[0] for r in runs):.2f}-"
+            f"{max(r[0] for r in runs):.2f}x); rollout s = {med[1]:.2f}x (range {min(r[1] for r in runs):.2f}-"
+            f"{max(r[1] for r in runs):.2f}x), r = {med[2]:.0%}, Amdahl bound {med[3]:.2f}x"
+        )
+    return lines
+
+
+def _accuracy_lines(comparisons: list[dict]) -> list[str]:
+    """Held-out accuracy of the final policies over seeds, against the seed-to-seed spread of each arm."""
+    tlt = [c["tlt"]["heldout_accuracy"] for c in comparisons if c["tlt"].get("heldout_accuracy") is not None]
+    base = [c["baseline"]["heldout_accuracy"] for c in comparisons if c["baseline"].get("heldout_accuracy") is not None]
+    if not tlt or not base:
+        return []
+    start = sorted({format_percent(c.get("base_heldout_accuracy")) for c in comparisons})
+    gap = statistics.median(tlt) - statistics.median(base)
+    spread = max(max(tlt) - min(tlt), max(base) - min(base))
+    verdict = "within" if abs(gap) <= spread else "outside"
+    return [
+        f"- held-out accuracy of the final policies: TLT {', '.join(format_percent(a) for a in tlt)} (median "
+        f"{format_percent(statistics.median(tlt))}), TLT off {', '.join(format_percent(a) for a in base)} (median "
+        f"{format_percent(statistics.median(base))}), starting policy {', '.join(start)}; the medians differ by "
+        f"{gap:+.1%}, {verdict} the seed-to-seed spread of either arm ({spread:.1%})"
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", help="`tlt train` output folders holding speedup.json")
+    p.add_argument("runs", nargs="*", help="`tlt train` output folders holding speedup.json")
     p.add_argument("--goal", type=float, default=1.8, help="step-speedup goal to size r against (default 1.8)")
-    p.add_argument("--out", help="also write the report here (markdown)")
+    p.add_argument("--out", help="also write the report here (markdown), and its raw data next to it (.json)")
+    p.add_argument("--from-json", help="render the report from raw data written by an earlier --out")
     args = p.parse_args(argv)
     if args.goal <= 1:
         p.error(f"--goal must be > 1, got {args.goal}")
+    if bool(args.runs) == bool(args.from_json):
+        p.error("give run folders or --from-json, not both")
     try:
-        comparisons = [load_comparison(run) for run in args.runs]
+        if args.from_json:
+            comparisons = json.loads(Path(args.from_json).read_text())["comparisons"]
+        else:
+            comparisons = [load_comparison(run) for run in args.runs]
     except FileNotFoundError as err:
         print(f"speedup_seeds: error: {err}", file=sys.stderr)
         return 2
@@ -169,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text, end="")
     if args.out:
         atomic_write_text(Path(args.out), text)
+        if not args.from_json:
+            atomic_write_json(Path(args.out).with_suffix(".json"), {"comparisons": comparisons})
     return 0
 
 

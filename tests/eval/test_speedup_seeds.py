@@ -91,3 +91,24 @@ def test_missing_comparison_is_a_clear_error(tmp_path, capsys):
     assert "no speedup.json" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--goal", "1"])
+
+
+def test_whole_run_table_accuracy_spread_and_raw_json_round_trip(tmp_path, capsys):
+    runs = [_run(tmp_path / f"s{i}", i, tlt_rollout=1.0 + i / 2, base_rollout=3.0) for i in range(3)]
+    for run, (a, b) in zip(runs, [(0.25, 0.26), (0.27, 0.25), (0.26, 0.27)], strict=True):
+        comparison = json.loads((run / "speedup.json").read_text())
+        comparison["tlt"]["heldout_accuracy"], comparison["baseline"]["heldout_accuracy"] = a, b
+        (run / "speedup.json").write_text(json.dumps(comparison))
+    out = tmp_path / "seeds.md"
+    assert main([str(r) for r in runs] + ["--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    # seed 0: TLT 11 x (1 + 1) s, baseline 10 x (3 + 1) + (6 + 1) s; rollout 11 s against 36 s, r = 36 / 47
+    assert f"| {runs[0]} | 0 | 2.14x | 3.27x | 77% | 2.14x | 1.00 |" in text
+    assert "whole run, medians over seeds: **" in text
+    assert "TLT 25.0%, 27.0%, 26.0% (median 26.0%), TLT off 26.0%, 25.0%, 27.0% (median 26.0%)" in text
+    assert "differ by +0.0%, within the seed-to-seed spread of either arm (2.0%)" in text
+    raw = json.loads(out.with_suffix(".json").read_text())["comparisons"]
+    assert len(raw) == 3 and len(raw[0]["steps"]["baseline"]) == 11  # the measured steps of both arms
+    assert main(["--from-json", str(out.with_suffix(".json"))]) == 0
+    assert capsys.readouterr().out == text  # the table is written from the committed raw data
+

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import multiprocessing
 import statistics
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import torch
 
 from tlt.config import RunConfig
 from tlt.machine import describe_machine
@@ -274,18 +278,33 @@ def heldout_accuracy(cfg: RunConfig, model_path: str | Path) -> float | None:
     return evaluate(model, tokenizer, problems, cfg.eval.max_new_tokens, cfg.eval.batch_size).accuracy
 
 
+def heldout_accuracies(cfg: RunConfig, paths: list[str | Path]) -> list[float | None]:
+    """`heldout_accuracy` of each HF folder; on CPU in `train.devices` processes at once (one thread each)."""
+    from tlt.training.train import resolve_device
+
+    workers = min(cfg.train.devices, len(paths))
+    if workers < 2 or cfg.train.heldout_eval == 0 or resolve_device(cfg.train.device).type != "cpu":
+        return [heldout_accuracy(cfg, path) for path in paths]
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        return list(pool.map(heldout_accuracy, [cfg] * len(paths), paths))
+
+
 def compare(cfg: RunConfig, tlt_dir: Path, baseline_dir: Path) -> Comparison:
     """The Comparison of two finished runs (their checkpoints: final policy and per-step metrics); written to
-    <output_dir>/speedup.json and speedup.md."""
+    <output_dir>/speedup.json, speedup.md and speedup.png."""
     histories = [json.loads((d / "checkpoint" / "metrics.json").read_text()) for d in (tlt_dir, baseline_dir)]
     times = [RunTimes.of(h, cfg.train.warmup_steps) for h in histories]
-    for run_times, folder in zip(times, (tlt_dir, baseline_dir), strict=True):
-        run_times.heldout_accuracy = heldout_accuracy(cfg, folder / "checkpoint" / "policy")
+    policies = [str(d / "checkpoint" / "policy") for d in (tlt_dir, baseline_dir)]
+    print(
+        f"[tlt] held-out accuracy of the base and both final policies ({cfg.train.heldout_eval} problems)", flush=True
+    )
+    base, times[0].heldout_accuracy, times[1].heldout_accuracy = heldout_accuracies(cfg, [cfg.model.path, *policies])
     result = Comparison(
         measured_steps=min(len(measured_steps(h, cfg.train.warmup_steps)) for h in histories),
         tlt=times[0],
         baseline=times[1],
-        base_heldout_accuracy=heldout_accuracy(cfg, cfg.model.path),
+        base_heldout_accuracy=base,
         machine=describe_machine(),
     )
     out = Path(cfg.output_dir)

@@ -308,8 +308,9 @@ def _check_model_path(cfg: RunConfig) -> None:
     path = cfg.model.path
     if not path:
         raise ConfigError(
-            "model.path: not set; `tlt train` starts from a bootstrapped policy: run `tlt bootstrap --config "
-            "configs/quickstart.yaml`, then pass model.path=runs/quickstart/model"
+            "model.path: not set; `tlt train` starts from a base policy: the one that comes with tlt "
+            "(model.path='${asset:deep_v1/policy}' model.preset=deep), or one of your own (`tlt bootstrap --preset "
+            "tiny --output-dir runs/tiny`, then model.path=runs/tiny/model)"
         )
     if not Path(path).is_dir():
         folder = Path(path)
@@ -317,7 +318,7 @@ def _check_model_path(cfg: RunConfig) -> None:
             f"`tlt bootstrap --preset {cfg.model.preset} --output-dir {folder.parent}` writes {path}, or add "
             "train.bootstrap_if_missing=true"
             if folder.name == "model"
-            else "`tlt bootstrap --config configs/quickstart.yaml` writes runs/quickstart/model"
+            else f"`tlt bootstrap --preset {cfg.model.preset} --output-dir runs/base` writes runs/base/model"
         )
         raise FileNotFoundError(
             f"model.path: {path} not found; bootstrap a base policy first ({make}) or point model.path at an HF folder"
