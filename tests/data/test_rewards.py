@@ -63,6 +63,12 @@ def test_normalize_answer(raw, normal):
         ("\\boxed{$12$.}", "12"),
         ("\\boxed{{7}}", "7"),
         ("\\boxed{\\frac{\\sqrt{4}}{4}}", "\\frac{1}{2}"),
+        ("\\boxed{\\$18}", "18"),  # GSM8K-style money and units, graded as a person would
+        ("\\boxed{\\$47.50}", "47.5"),
+        ("The total is \\boxed{18 dollars}.", "18"),
+        ("\\boxed{18 \\text{ dollars}}", "18"),
+        ("\\boxed{\\$1,234}", "1234"),
+        ("\\boxed{3.5 kg}", "3.5"),
     ],
 )
 def test_correct_answers_score_one(response, gold):
@@ -80,6 +86,9 @@ def test_correct_answers_score_one(response, gold):
         ("", "42"),
         ("\\boxed{}", "0"),
         ("\\boxed{42} wait, no: \\boxed{43}", "42"),
+        ("\\boxed{19 dollars}", "18"),
+        ("\\boxed{\\$18.50}", "18"),
+        ("\\boxed{1e5}", "1"),  # a unit is a word, not an exponent
     ],
 )
 def test_wrong_or_unboxed_answers_score_zero(response, gold):

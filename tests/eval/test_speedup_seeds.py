@@ -111,4 +111,3 @@ def test_whole_run_table_accuracy_spread_and_raw_json_round_trip(tmp_path, capsy
     assert len(raw) == 3 and len(raw[0]["steps"]["baseline"]) == 11  # the measured steps of both arms
     assert main(["--from-json", str(out.with_suffix(".json"))]) == 0
     assert capsys.readouterr().out == text  # the table is written from the committed raw data
-

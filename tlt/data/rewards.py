@@ -64,9 +64,19 @@ def extract_last_number(text: str) -> str | None:
     return normalize_answer(matches[-1]) if matches else None
 
 
+_TEXT = re.compile(r"\\(?:text|mathrm|textbf|mbox)\{([^{}]*)\}")  # \text{dollars} -> dollars
+_NUMBER_AND_UNIT = re.compile(r"^(-?\d[\d,]*(?:\.\d+)?)(?:[A-Za-z]+\.?)+$")  # 18dollars, 3.5kg, 12ft.
+
+
 def normalize_answer(answer: str) -> str:
-    """Canonical form: no spaces, `$` or trailing `.`; "1,234" -> "1234", "+5" -> "5", "-0" -> "0"."""
-    s = "".join(answer.split()).replace("$", "").rstrip(".")
+    """Canonical form: no spaces, `$` (escaped or not) or trailing `.`; a number followed by a unit word keeps
+    the number (a GSM8K-style "\\$18", "18 dollars" or "18 \\text{ apples}" is 18, as a person would grade
+    it); "1,234" -> "1234", "+5" -> "5", "-0" -> "0"."""
+    s = _TEXT.sub(r"\1", "".join(answer.split()))
+    s = s.replace("\\$", "").replace("$", "").rstrip(".")
+    unit = _NUMBER_AND_UNIT.match(s)
+    if unit:
+        s = unit.group(1)
     if _THOUSANDS.match(s):
         s = s.replace(",", "")
     if s.startswith("+"):
