@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from tlt.data.prompts import format_prompt
-from tlt.data.rewards import math_reward
+from tlt.data.rewards import count_grading_errors, math_reward
 
 
 @dataclass
@@ -39,6 +39,7 @@ class EvalReport:
     seconds: float = 0.0
     temperature: float = 0.0  # 0: greedy
     samples: int = 1  # responses per problem the accuracy is averaged over
+    grading_errors: int = 0  # responses that could not be graded (scored 0; tlt.data.rewards)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -50,6 +51,7 @@ class EvalReport:
             f"accuracy {self.accuracy:.1%} ({how}) on {self.num_problems} problems; response tokens p50 {s.p50:.0f} "
             f"p90 {s.p90:.0f} p99 {s.p99:.0f} max {s.max} (p99/p50 {s.p99 / max(s.p50, 1):.1f}); "
             f"truncated {self.truncated:.1%}; {self.seconds:.0f} s"
+            + (f"; {self.grading_errors} responses could not be graded (scored 0)" if self.grading_errors else "")
         )
 
 
@@ -103,13 +105,19 @@ def evaluate(
     prompts = [format_prompt(p.question) for p in problems]
     responses: list[list[int]] = []
     scores: list[float] = []
+    grading_errors = 0
     by_family: dict[str, list[float]] = {}
     for k in range(samples):
         batch = generate_responses(
             model, tokenizer, prompts, max_new_tokens, batch_size, temperature, seed + k * len(prompts)
         )
-        for r, p in zip(batch, problems, strict=True):
-            score = math_reward(tokenizer.decode(r, skip_special_tokens=True), p.answer)
+        graded = [
+            math_reward(tokenizer.decode(r, skip_special_tokens=True), p.answer)
+            for r, p in zip(batch, problems, strict=True)
+        ]
+        graded, errors = count_grading_errors(graded)
+        grading_errors += errors
+        for score, p in zip(graded, problems, strict=True):
             scores.append(score)
             by_family.setdefault(p.family, []).append(score)
         responses += batch
@@ -123,4 +131,5 @@ def evaluate(
         seconds=time.perf_counter() - start,
         temperature=temperature,
         samples=samples,
+        grading_errors=grading_errors,
     )

@@ -122,3 +122,21 @@ def test_math_rewards_batch():
     assert math_rewards(["\\boxed{1}", "\\boxed{2}", "none"], ["1", "3", "0"]) == [1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="2 responses but 1 gold"):
         math_rewards(["a", "b"], ["1"])
+
+
+def test_a_grading_failure_is_nan_and_logged_not_a_wrong_answer(monkeypatch, caplog):
+    """A grader that raises (a bug, a timeout) must not look like a wrong answer: NaN, a log line, then
+    `count_grading_errors` scores it 0 and counts it (before, it silently scored 0.0)."""
+    import math
+
+    from tlt.data import rewards
+
+    def broken(gold, pred):
+        raise RuntimeError("grader bug")
+
+    monkeypatch.setattr(rewards, "_verify", broken)
+    with caplog.at_level("WARNING"):
+        score = math_reward("\\boxed{\\frac{1}{2}}", "0.5")  # needs math-verify: the broken grader
+    assert math.isnan(score) and "could not grade a response" in caplog.text and "grader bug" in caplog.text
+    assert math_reward("\\boxed{7}", "7") == 1.0  # exact matches never reach the grader
+    assert rewards.count_grading_errors([1.0, score, 0.0, score]) == ([1.0, 0.0, 0.0, 0.0], 2)

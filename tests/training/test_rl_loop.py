@@ -130,8 +130,8 @@ def test_rollout_old_logprobs_take_the_engines_and_fill_the_buffer_from_its_feat
     (recomputed, a), (taken, b) = runs["recompute"], runs["rollout"]
     assert b.logprob_gap == 0 and 0 < a.logprob_gap < 1e-4  # pi_old is the engine's log-prob itself
     assert b.kl == pytest.approx(a.kl, abs=1e-6) and b.loss == pytest.approx(a.loss, abs=1e-5)
-    for name, weight in recomputed.policy.state_dict().items():
-        torch.testing.assert_close(taken.policy.state_dict()[name], weight, atol=1e-5, rtol=0)
+    for name, weight in recomputed.policy.state_dict().items():  # AdamW's first step moves weights by ~lr = 1e-3
+        torch.testing.assert_close(taken.policy.state_dict()[name], weight, atol=5e-5, rtol=0)
     pairs = zip(recomputed.buffer.samples, taken.buffer.samples, strict=True)
     for full, engine in pairs:  # the same rollouts (fixed tuner, same seeds): the engine's sample is one shorter
         T = engine.num_tokens
@@ -162,6 +162,18 @@ def test_rollout_old_logprobs_need_the_native_engine_while_the_drafter_trains():
         check_rl_config(load_config(None, [*online, "grpo.old_logprobs=rollout"]))
     check_rl_config(load_config(None, [*online, "grpo.old_logprobs=auto"]))  # auto recomputes there
     check_rl_config(load_config(None, [*online, "grpo.old_logprobs=rollout", "scheduler.policy=never"]))
+
+
+def test_ungradable_responses_are_counted_in_the_step_metrics_and_scored_zero(tokenizer):
+    def half_ungradable(texts: list[str], golds: list[str]) -> list[float]:
+        return [math.nan if i % 2 else 1.0 for i in range(len(texts))]
+
+    cfg = load_config(None, COMMON + ["speculative.enabled=false", "scheduler.policy=never"])
+    m = RLTrainer(cfg, _policy(tokenizer), tokenizer, PROBLEMS, reward_fn=half_ungradable).step()
+    assert m.reward_errors == 4 and m.reward_mean == 0.5 and m.accuracy == 0.5
+    from tlt.training.run_log import progress_line
+
+    assert "UNGRADED 4" in progress_line(m, 1)
 
 
 def test_step_with_bf16_mixed_training(tokenizer):

@@ -4,14 +4,21 @@
 equals the gold answer after normalisation, and otherwise asks math-verify (0.5 vs 1/2 vs \\frac{1}{2}).
 It never raises and its time is bounded: only the last MAX_TAIL_CHARS of a response are searched and only
 answers up to MAX_ANSWER_CHARS go to the parser (math-verify's timeouts use SIGALRM, which works only in the
-main thread; elsewhere they are off, so the length cap is the bound).
+main thread; elsewhere they are off, so the length cap is the bound). A response it could not grade (the
+grader raised: a bug or a timeout, not a wrong answer) scores NaN and is logged; `count_grading_errors`
+turns NaNs into 0 and counts them, so the RL step metrics (`reward_errors`) and evaluation reports show
+them instead of passing them off as wrong answers.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 import threading
 from functools import lru_cache
+
+log = logging.getLogger(__name__)
 
 MAX_TAIL_CHARS = 2000
 MAX_ANSWER_CHARS = 200
@@ -104,7 +111,8 @@ def _verify(gold: str, pred: str) -> bool:
 
 
 def math_reward(response: str, gold: str) -> float:
-    """1.0 if the last boxed answer of `response` equals `gold` (exactly or per math-verify), else 0.0."""
+    """1.0 if the last boxed answer of `response` equals `gold` (exactly or per math-verify), else 0.0; NaN
+    (logged) when grading raised."""
     try:
         pred = extract_answer(response)
         if pred is None:
@@ -115,8 +123,15 @@ def math_reward(response: str, gold: str) -> float:
         if not pred_n or len(pred_n) > MAX_ANSWER_CHARS or len(gold_n) > MAX_ANSWER_CHARS:
             return 0.0
         return 1.0 if _verify(gold_n, pred_n) else 0.0
-    except Exception:  # junk must score 0, never stop a rollout
-        return 0.0
+    except Exception:  # noqa: BLE001 - never stop a rollout, but never pass a grading failure off as wrong
+        log.warning("could not grade a response against gold %r", gold, exc_info=True)
+        return math.nan
+
+
+def count_grading_errors(rewards: list[float]) -> tuple[list[float], int]:
+    """(rewards with every NaN, a response that could not be graded, scored 0.0; how many there were)."""
+    errors = sum(1 for r in rewards if math.isnan(r))
+    return [0.0 if math.isnan(r) else r for r in rewards], errors
 
 
 def math_rewards(responses: list[str], golds: list[str]) -> list[float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from tlt.data.jsonl import gsm8k_problem, math_problem
 from tlt.data.prompts import format_prompt
-from tlt.data.rewards import extract_answer, extract_last_number, math_reward, normalize_answer
+from tlt.data.rewards import count_grading_errors, extract_answer, extract_last_number, math_reward, normalize_answer
 
 METRICS = ("strict", "flexible", "math_verify")
 
@@ -21,7 +21,7 @@ def score(response: str, gold: str) -> dict[str, float]:
     return {
         "strict": float(boxed is not None and normalize_answer(boxed) == gold_n),
         "flexible": float(extract_last_number(response) == gold_n),
-        "math_verify": math_reward(response, gold),
+        "math_verify": count_grading_errors([math_reward(response, gold)])[0][0],  # ungradable: 0, logged
     }
 
 

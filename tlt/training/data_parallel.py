@@ -219,6 +219,7 @@ class _Share:
 
     rollouts: list[Rollout]
     rewards: torch.Tensor  # [b]
+    reward_errors: int  # responses the reward function could not grade
     batch: GRPOBatch  # old (and reference) log-probs filled in
     decode: list[float]  # accepted + rows of SD verifies, rows, SD-step tokens, decode-step tokens
     timeline: list[list]  # rl_loop.decode_timeline of the generate
@@ -293,6 +294,7 @@ class DistributedRLTrainer(RLTrainer):
         part = {
             "lengths": [r.token_ids.numel() for r in share.rollouts],
             "rewards": share.rewards.tolist(),
+            "reward_errors": share.reward_errors,
             "truncated": sum(r.finish_reason is FinishReason.LENGTH for r in share.rollouts),
             "decode": share.decode,
             "timeline": share.timeline,
@@ -352,10 +354,11 @@ class DistributedRLTrainer(RLTrainer):
 
     def _prepare(self, gen: _Generated) -> _Share:
         """Rewards, advantages, recompute and buffer fill of this rank's rollouts; no collective."""
-        rewards = self._rewards(gen.rollouts, gen.problems)
+        rewards, errors = self._rewards(gen.rollouts, gen.problems)
         batch = self._old_logprobs(self._batch(gen.rollouts, rewards), gen.rollouts)
         end = self._clock()
-        return _Share(gen.rollouts, rewards, batch, gen.decode, gen.timeline, gen.end - gen.start, end - gen.end, end)
+        local = end - gen.end
+        return _Share(gen.rollouts, rewards, errors, batch, gen.decode, gen.timeline, gen.end - gen.start, local, end)
 
     def _wait_for_all(self) -> float:
         """Count this rank's share done in the store and poll until every rank's is; returns the seconds
@@ -395,6 +398,7 @@ def combine(parts: list[dict], step: int, version: int, update: UpdateStats) -> 
         version=version,
         num_samples=len(lengths),
         reward_mean=rewards.mean().item(),
+        reward_errors=sum(p["reward_errors"] for p in parts),
         accuracy=(rewards >= 1).float().mean().item(),
         response_len_mean=stats.mean,
         response_len_p50=stats.p50,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +39,7 @@ from tlt.backends import check_backend_config, engine_from_config
 from tlt.backends.base import DecodeStepStats, FinishReason, Rollout, SamplingParams
 from tlt.config import ConfigError, RunConfig
 from tlt.data.prompts import format_prompt
-from tlt.data.rewards import math_rewards
+from tlt.data.rewards import count_grading_errors, math_rewards
 from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
 from tlt.evaluation import LengthStats
@@ -58,7 +59,9 @@ from tlt.training.grpo import (
 from tlt.training.spot import DrafterStepper
 from tlt.training.weight_push import push
 
-RewardFn = Callable[[list[str], list[str]], list[float]]  # (responses, gold answers) -> reward per response
+log = logging.getLogger(__name__)
+# (responses, gold answers) -> reward per response; NaN for a response it could not grade (counted, scored 0)
+RewardFn = Callable[[list[str], list[str]], list[float]]
 
 
 @dataclass
@@ -69,6 +72,7 @@ class StepMetrics:
     version: int  # policy version the engine runs after the step (its rollouts used version - 1)
     num_samples: int  # rollouts: prompts_per_step * G
     reward_mean: float
+    reward_errors: int  # responses the reward function could not grade (NaN, scored 0; logged)
     accuracy: float  # share of samples with reward >= 1
     response_len_mean: float  # response tokens, EOS included
     response_len_p50: float
@@ -320,7 +324,7 @@ class RLTrainer:
         accept, sd_share = decode_stats(self.engine.step_stats)
         rollout_end = self._clock()
         self._write_drafter_checkpoint()
-        rewards = self._rewards(rollouts, problems)
+        rewards, reward_errors = self._rewards(rollouts, problems)
         batch = self._old_logprobs(self._batch(rollouts, rewards), rollouts)
         update = update_policy(self.module, self.optimizer, batch, self.generator)
         train_end = self._clock()
@@ -336,6 +340,7 @@ class RLTrainer:
             version=self.version,
             num_samples=len(rollouts),
             reward_mean=rewards.mean().item(),
+            reward_errors=reward_errors,
             accuracy=(rewards >= 1).float().mean().item(),
             response_len_mean=lengths.mean,
             response_len_p50=lengths.p50,
@@ -421,12 +426,18 @@ class RLTrainer:
         prompts = [self.tokenizer.encode(format_prompt(p.question)) for p in problems]
         return self.engine.generate(prompts, sampling, n=r.samples_per_prompt)
 
-    def _rewards(self, rollouts: list[Rollout], problems: list[MathProblem]) -> torch.Tensor:
-        """[B] rewards; rollout i answers problem i // G (the engine groups samples by prompt)."""
+    def _rewards(self, rollouts: list[Rollout], problems: list[MathProblem]) -> tuple[torch.Tensor, int]:
+        """([B] rewards, responses the reward function could not grade: its NaNs, scored 0); rollout i answers
+        problem i // G (the engine groups samples by prompt)."""
         responses = [r.token_ids.tolist() for r in rollouts]
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
         golds = [problems[r.prompt_index].answer for r in rollouts]
-        return torch.tensor(self.reward_fn(texts, golds), dtype=torch.float32)
+        rewards, errors = count_grading_errors([float(r) for r in self.reward_fn(texts, golds)])
+        if errors:
+            log.warning(
+                "step %d: %d of %d responses could not be graded (scored 0)", self.step_index, errors, len(texts)
+            )
+        return torch.tensor(rewards, dtype=torch.float32), errors
 
     def _batch(self, rollouts: list[Rollout], rewards: torch.Tensor) -> GRPOBatch:
         cfg = self.cfg

@@ -19,6 +19,8 @@ def progress_line(m: StepMetrics, total_steps: int) -> str:
         f"len {m.response_len_mean:.1f}  rollout {m.rollout_seconds:.2f}s  train {m.train_seconds:.2f}s  "
         f"drafter {m.drafter_seconds:.2f}s  accept {m.accept_length:.2f}  SD {m.sd_token_share:.0%}"
     )
+    if m.reward_errors:
+        line += f"  UNGRADED {m.reward_errors}"
     if m.idle_seconds > 0:  # several processes: the ranks' wait for the last rollout share, and its use
         line += f"  idle {m.idle_seconds:.2f}s (spot {m.spot_steps} steps, {m.idle_train_seconds:.2f}s)"
     return line
