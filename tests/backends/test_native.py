@@ -96,8 +96,13 @@ def test_prompt_limits(native_target):
     with pytest.raises(ValueError, match="prompt 0 is empty"):
         engine.generate([[]], GREEDY)
     left = NativeEngine(native_target, eos_token_id=None, max_seq_len=8, truncate_prompts="left")
-    (rollout,) = left.generate([list(range(3, 12))], GREEDY)
-    assert rollout.prompt_ids.tolist() == list(range(5, 12)) and len(rollout.token_ids) == 1
+    four = SamplingParams(temperature=0, max_new_tokens=4)
+    (rollout,) = left.generate([list(range(3, 12))], four)  # room for all 4 new tokens (before: 7 kept, 1 new)
+    assert rollout.prompt_ids.tolist() == list(range(8, 12)) and len(rollout.token_ids) == 4
+    (short,) = left.generate([[3, 4]], four)  # a prompt that leaves room is kept whole
+    assert short.prompt_ids.tolist() == [3, 4] and len(short.token_ids) == 4
+    with pytest.raises(ValueError, match="max_new_tokens=12 leaves no room for it in max_seq_len=8"):
+        left.generate([list(range(3, 12))], GREEDY)
     with pytest.raises(ValueError, match="truncate_prompts"):
         NativeEngine(native_target, eos_token_id=None, max_seq_len=8, truncate_prompts="right")
 

@@ -123,23 +123,33 @@ def import_optional(module: str, hint: str):
         raise ImportError(f"{hint} ({err})") from None
 
 
-def check_prompts(prompts: Sequence[Sequence[int]], max_seq_len: int, truncate: str | None) -> list[list[int]]:
+def check_prompts(
+    prompts: Sequence[Sequence[int]], max_seq_len: int, truncate: str | None, max_new_tokens: int = 1
+) -> list[list[int]]:
     """Prompts as lists of ints: none may be empty; one longer than max_seq_len - 1 (one slot is left for a
-    generated token) raises, or keeps its last tokens when `truncate` is "left"."""
-    limit = max_seq_len - 1
+    generated token) raises. With `truncate` "left", a prompt that leaves fewer than `max_new_tokens` slots
+    keeps its last max_seq_len - max_new_tokens tokens, so every response gets its whole budget (a clear
+    error when max_new_tokens leaves no room for a prompt at all)."""
+    limit, room = max_seq_len - 1, max_seq_len - max_new_tokens
     out = []
     for i, prompt in enumerate(prompts):
         ids = [int(t) for t in prompt]
         if not ids:
             raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-        if len(ids) > limit:
-            if truncate != "left":
+        if len(ids) > limit and truncate != "left":
+            raise ValueError(
+                f"prompt {i} has {len(ids)} tokens, more than the engine limit of {limit} "
+                f"(max_seq_len={max_seq_len} minus one generated token); shorten it or build the engine "
+                "with truncate_prompts='left'"
+            )
+        if len(ids) > room and truncate == "left":
+            if room < 1:
                 raise ValueError(
-                    f"prompt {i} has {len(ids)} tokens, more than the engine limit of {limit} "
-                    f"(max_seq_len={max_seq_len} minus one generated token); shorten it or build the engine "
-                    "with truncate_prompts='left'"
+                    f"prompt {i} has {len(ids)} tokens and max_new_tokens={max_new_tokens} leaves no room for it "
+                    f"in max_seq_len={max_seq_len}: left truncation keeps max_seq_len - max_new_tokens tokens; "
+                    "raise max_seq_len or lower max_new_tokens"
                 )
-            ids = ids[-limit:]
+            ids = ids[-room:]
         out.append(ids)
     return out
 

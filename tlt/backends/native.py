@@ -137,7 +137,7 @@ class NativeEngine:
             return []
         prompt_ids = [
             torch.tensor(p, dtype=torch.long, device=self.device)
-            for p in check_prompts(prompts, self.max_seq_len, self.truncate_prompts)
+            for p in check_prompts(prompts, self.max_seq_len, self.truncate_prompts, sampling.max_new_tokens)
         ]
         generator = torch.Generator(self.device)
         if sampling.seed is None:

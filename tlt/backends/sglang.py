@@ -129,7 +129,7 @@ class SGLangEngine:
         self.step_stats = []
         if len(prompts) == 0:
             return []
-        ids = check_prompts(prompts, self.max_seq_len, self.truncate_prompts)
+        ids = check_prompts(prompts, self.max_seq_len, self.truncate_prompts, sampling.max_new_tokens)
         inputs = [p for p in ids for _ in range(n)]
         params = [self._params(sampling, len(p), k) for k, p in enumerate(inputs)]
         start = time.perf_counter()

@@ -226,7 +226,7 @@ class VLLMEngine:
         self.step_stats = []
         if len(prompts) == 0:
             return []
-        ids = check_prompts(prompts, self.max_seq_len, self.truncate_prompts)
+        ids = check_prompts(prompts, self.max_seq_len, self.truncate_prompts, sampling.max_new_tokens)
         requests = [{"prompt_token_ids": p} for p in ids]
         params = [self._params(sampling, len(p), i, n) for i, p in enumerate(ids)]
         start = time.perf_counter()
