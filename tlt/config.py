@@ -69,6 +69,10 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _check(len(self.families) > 0, "data.families", "a non-empty list of task families", self.families)
+        from tlt.data.tasks import gym_family_names, unknown_families
+
+        unknown = unknown_families(self.families)
+        _check(not unknown, "data.families", "reasoning-gym datasets: " + ", ".join(gym_family_names()), unknown)
         _check(
             len(self.weights) == len(self.families),
             "data.weights",

@@ -114,3 +114,30 @@ def test_stream_skips_items_reasoning_gym_cannot_build(monkeypatch):
     monkeypatch.setattr(sources, "_dataset", lambda *args: Flaky(*args))
     stream = sources.gym_stream("chain_sum", 1, gym_seed("flaky"))
     assert len([next(stream) for _ in range(5)]) == 5
+
+
+def test_any_reasoning_gym_family_gives_problems_and_unknown_ones_are_named_at_config_load():
+    """Families tlt has no solutions for come with reasoning-gym's defaults, one level, question and answer only
+    (held-out-family evaluation without a hand-written JSONL); before, anything but the four failed."""
+    from tlt.config import ConfigError, load_config
+    from tlt.data.splits import heldout_problems, task_mix
+    from tlt.data.tasks import gym_family_names
+
+    assert {"gcd", "lcm", "decimal_arithmetic", "chain_sum"} <= set(gym_family_names())
+    cfg = load_config(None, ["data.families=[gcd,lcm]", "data.weights=[1,1]"])
+    problems = heldout_problems(task_mix(cfg.data), 8, 0)
+    assert {p.family for p in problems} == {"gcd", "lcm"} and all(p.difficulty == 1 for p in problems)
+    assert all(
+        p.solution is None and p.answer.isdigit() and "GCD" in p.question or "LCM" in p.question for p in problems
+    )
+    with pytest.raises(ConfigError, match=r"data.families: got \['nope'\]; allowed: reasoning-gym datasets: .*gcd"):
+        load_config(None, ["data.families=[nope,gcd]", "data.weights=[1,1]"])
+
+
+def test_bootstrap_needs_a_family_it_has_solutions_for(tmp_path):
+    from tlt.config import ConfigError, load_config
+    from tlt.training.bootstrap import run_bootstrap
+
+    cfg = load_config(None, ["data.families=[gcd]", "data.weights=[1]", f"output_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="tlt bootstrap fine-tunes on step-by-step solutions"):
+        run_bootstrap(cfg)

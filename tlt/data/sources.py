@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from tlt.data.solutions import arithmetic_solution, compact, cot_solution
-from tlt.data.tasks import GYM_FAMILIES, MathProblem
+from tlt.data.tasks import GYM_FAMILIES, MathProblem, gym_family_names, unknown_families
 
 # One question form per family; every family is solved in the same reduction format (tlt.data.solutions), so an
 # expression that two families can produce ("3 + 4 - 1") always gets the same solution.
@@ -53,8 +53,9 @@ def knobs(family: str, difficulty: int) -> GymKnobs:
 
 
 def max_level(family: str) -> int | None:
-    """The highest meaningful difficulty of a family (None: unbounded)."""
-    return 1 if family == "gsm_symbolic" else None
+    """The highest meaningful difficulty of a family (None: unbounded): 1 for gsm_symbolic and for the
+    reasoning-gym families tlt has no difficulty mapping for."""
+    return None if family in ("chain_sum", "basic_arithmetic", "products") else 1
 
 
 def gym_seed(*parts: object) -> int:
@@ -66,6 +67,8 @@ def gym_seed(*parts: object) -> int:
 def _config(family: str, difficulty: int) -> dict:
     if family == "gsm_symbolic":
         return {"difficulty": 1.0}
+    if family not in GYM_FAMILIES:  # another reasoning-gym dataset: its default settings
+        return {}
     k = knobs(family, difficulty)
     cfg = {
         "min_terms": k.num_terms,
@@ -96,6 +99,8 @@ def to_problem(family: str, difficulty: int, item: dict) -> MathProblem | None:
     are dropped, so that every solution line is a true equation and the answer agrees with the dataset's.
     """
     meta, answer = item["metadata"], item["answer"]
+    if family not in GYM_FAMILIES:  # question and answer only: no solution to SFT on
+        return MathProblem(item["question"], str(answer), family, 1, None)
     if family == "gsm_symbolic":
         question = item["question"].removesuffix(_GSM_SUFFIX)
         return MathProblem(question, answer, family, 1, cot_solution(meta.get("answer_cot", ""), answer))
@@ -111,8 +116,8 @@ def to_problem(family: str, difficulty: int, item: dict) -> MathProblem | None:
 
 def gym_stream(family: str, difficulty: int, seed: int) -> Iterator[MathProblem]:
     """Endless deterministic stream of problems of one family and level; `seed` from `gym_seed`."""
-    if family not in GYM_FAMILIES:
-        raise ValueError(f"unknown task family {family!r}; allowed: {', '.join(GYM_FAMILIES)}")
+    if unknown_families([family]):
+        raise ValueError(f"unknown task family {family!r}; reasoning-gym has: {', '.join(gym_family_names())}")
     start = seed
     while True:
         dataset = _dataset(family, difficulty, start, _CHUNK)

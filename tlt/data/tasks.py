@@ -2,11 +2,27 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-# Task families generated with reasoning-gym; each maps an integer difficulty onto the dataset's knobs
-# (tlt.data.sources). gsm_symbolic has a single level in reasoning-gym, so its difficulty is always 1.
+# Task families generated with reasoning-gym that tlt writes step-by-step solutions for (the SFT data of `tlt
+# bootstrap`); each maps an integer difficulty onto the dataset's knobs (tlt.data.sources). gsm_symbolic has a
+# single level in reasoning-gym, so its difficulty is always 1. Every other reasoning-gym dataset is a family too
+# (`gym_family_names`): default settings, one level, question and answer only (RL prompts and evaluation).
 GYM_FAMILIES: tuple[str, ...] = ("chain_sum", "basic_arithmetic", "products", "gsm_symbolic")
+
+
+@functools.cache
+def gym_family_names() -> tuple[str, ...]:
+    """Every family `data.families` accepts: the datasets reasoning-gym registers (imported on first use)."""
+    from reasoning_gym.factory import DATASETS
+
+    return tuple(sorted(set(DATASETS) | set(GYM_FAMILIES)))
+
+
+def unknown_families(families) -> list[str]:
+    """The names in `families` that are no reasoning-gym dataset."""
+    return [f for f in families if f not in GYM_FAMILIES and f not in gym_family_names()]
 
 
 @dataclass(frozen=True)
@@ -36,9 +52,9 @@ class TaskMix:
     def __post_init__(self) -> None:
         if not self.families:
             raise ValueError(f"TaskMix.families is empty; name at least one of {', '.join(GYM_FAMILIES)}")
-        unknown = [f for f in self.families if f not in GYM_FAMILIES]
+        unknown = unknown_families(self.families)
         if unknown:
-            raise ValueError(f"TaskMix.families: unknown {unknown}; allowed: {', '.join(GYM_FAMILIES)}")
+            raise ValueError(f"TaskMix.families: unknown {unknown}; reasoning-gym has: {', '.join(gym_family_names())}")
         if len(set(self.families)) != len(self.families):
             raise ValueError(f"TaskMix.families lists a family twice: {self.families}")
         if len(self.weights) != len(self.families):

@@ -22,6 +22,7 @@ from transformers import AutoTokenizer
 from tlt.config import ConfigError, RunConfig
 from tlt.data.prompts import format_prompt, format_response
 from tlt.data.splits import heldout_problems, task_mix, training_problems
+from tlt.data.tasks import GYM_FAMILIES
 from tlt.evaluation import evaluate
 from tlt.machine import resolve_precision
 from tlt.models.io import atomic_write_json, save_hf_folder
@@ -100,6 +101,12 @@ def run_bootstrap(cfg: RunConfig) -> dict:
     out = bootstrap_folder(cfg)
     L.seed_everything(cfg.seed, verbose=False)
     mix = task_mix(cfg.data)
+    if not set(mix.families) & set(GYM_FAMILIES):
+        raise ConfigError(
+            f"data.families: tlt bootstrap fine-tunes on step-by-step solutions, which tlt writes for "
+            f"{', '.join(GYM_FAMILIES)} only; got {list(mix.families)} (other families serve as RL prompts and "
+            "evaluation problems)"
+        )
     problems = [p for p in training_problems(mix, cfg.data.train_size, cfg.data.seed) if p.solution]
     prompts = [format_prompt(p.question) for p in problems]
     responses = [format_response(p.solution) for p in problems]
