@@ -215,7 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The `tlt` parser and its subcommand parsers by name."""
     parser = argparse.ArgumentParser(prog="tlt", description=__doc__)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show the traceback of an error, not one line")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_parser = sub.add_parser
+    sub.add_parser = lambda *a, **k: add_parser(*a, parents=[common], **k)  # every command takes --debug
 
     p = sub.add_parser("bootstrap", help="SFT a tiny base policy on generated math solutions")
     p.add_argument(
@@ -322,7 +326,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not argv or argv[0] not in commands:
         return parser.parse_args(argv)
     if argv[0] == "bench" and len(argv) > 1 and argv[1] in ("e2e", *BENCHES):  # the rest is the bench's own
-        return argparse.Namespace(command="bench", func=cmd_bench, kind=argv[1], rest=argv[2:], config=None)
+        debug, rest = "--debug" in argv[2:], [a for a in argv[2:] if a != "--debug"]
+        return argparse.Namespace(command="bench", func=cmd_bench, kind=argv[1], rest=rest, config=None, debug=debug)
     args = commands[argv[0]].parse_intermixed_args(argv[1:])
     args.command = argv[0]
     return args
@@ -331,12 +336,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     _threads()
+    from tlt.assets import AssetError
     from tlt.config import ConfigError
+    from tlt.data.jsonl import DataError
 
     try:
         return args.func(args)
-    except (ConfigError, FileNotFoundError, ImportError) as err:  # ImportError: a missing optional package
-        print(f"tlt {args.command}: error: {err}", file=sys.stderr)
+    except (ConfigError, DataError, AssetError, FileNotFoundError, ImportError) as err:  # ImportError: an extra
+        if getattr(args, "debug", False):
+            raise
+        print(f"tlt {args.command}: error: {err} (--debug shows the traceback)", file=sys.stderr)
         return 2
 
 

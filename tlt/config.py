@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -433,7 +434,12 @@ def load_config(
             path = Path(path)
             if not path.is_file():
                 raise ConfigError(f"config file not found: {path}")
-            merged = OmegaConf.merge(merged, OmegaConf.load(path))
+            try:
+                merged = OmegaConf.merge(merged, OmegaConf.load(path))
+            except yaml.YAMLError as err:
+                where = getattr(err, "problem_mark", None)
+                line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+                raise ConfigError(f"{path} is not valid YAML{line}: {getattr(err, 'problem', err)}") from None
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r} is not of the form key=value (e.g. rollout.temperature=0.7)")

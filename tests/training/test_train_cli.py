@@ -167,7 +167,7 @@ def test_missing_tensorboard_is_reported_once(tmp_path, monkeypatch, capsys):
             ["model.path=/nonexistent/model"],
             ["model.path: /nonexistent/model not found", "tlt bootstrap --preset test --output-dir /nonexistent`"],
         ),
-        (["model.path=/nonexistent/policy"], ["model.path: /nonexistent/policy not found", "--config configs/"]),
+        (["model.path=/nonexistent/policy"], ["model.path: /nonexistent/policy not found", "--output-dir runs/base"]),
         (["model.path=null"], ["model.path: not set", "tlt bootstrap"]),
         (["drafter.path=/nonexistent/drafter"], ["drafter.path: /nonexistent/drafter not found", "tlt train-drafter"]),
         (["data.jsonl=[/nonexistent/gsm8k.jsonl]"], ["data.jsonl: /nonexistent/gsm8k.jsonl not found", "MATH-format"]),

@@ -21,6 +21,12 @@ from tlt.data.solutions import final_line
 from tlt.data.tasks import MathProblem
 
 Format = Literal["gsm8k", "math"]
+
+
+class DataError(ValueError):
+    """A data file a user can fix: the message names the file and line."""
+
+
 _CALC = re.compile(r"<<[^<>]*>>")
 _LEVEL = re.compile(r"(\d+)")
 
@@ -82,7 +88,7 @@ def read_jsonl(path: str | Path, fmt: Format) -> list[MathProblem]:
                 raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
             problems.append(_READERS[fmt](obj))
         except ValueError as e:  # json.JSONDecodeError is a ValueError
-            raise ValueError(f"{path}:{lineno}: malformed {fmt} record: {e}") from e
+            raise DataError(f"{path}:{lineno}: malformed {fmt} record: {e}") from e
     return problems
 
 
@@ -103,15 +109,15 @@ def detect_format(path: str | Path) -> Format:
         try:
             obj = json.loads(line)
         except ValueError as e:
-            raise ValueError(f"{path}:{lineno}: not valid JSON: {e}") from e
+            raise DataError(f"{path}:{lineno}: not valid JSON: {e}") from e
         if isinstance(obj, dict) and "question" in obj:
             return "gsm8k"
         if isinstance(obj, dict) and "problem" in obj:
             return "math"
-        raise ValueError(
+        raise DataError(
             f'{path}:{lineno}: neither GSM8K ("question", "answer") nor MATH ("problem", "solution") format'
         )
-    raise ValueError(f"{path} holds no records")
+    raise DataError(f"{path} holds no records")
 
 
 def read_problems(path: str | Path) -> list[MathProblem]:

@@ -299,9 +299,13 @@ def check_start_paths(cfg: RunConfig) -> None:
 
 
 def check_data_paths(cfg: RunConfig) -> None:
+    """Every data.jsonl file exists and reads (DataError naming the file and line), before any process starts."""
+    from tlt.data.jsonl import read_problems
+
     for data in cfg.data.jsonl:
         if not Path(data).is_file():
             raise FileNotFoundError(f"data.jsonl: {data} not found (a GSM8K- or MATH-format JSONL file of RL prompts)")
+        read_problems(data)
 
 
 def _check_model_path(cfg: RunConfig) -> None:
