@@ -103,7 +103,8 @@ def spot_step(ctx: WorkerContext, head, buffer, fail_at: int | None, policy: str
                 time.sleep(0.001)
             if fail_at is not None:
                 store.wait(["test/failed"])
-        return {"rank": ctx.rank, "tokens": [ctx.rank, 7, 8], "end": time.monotonic()}
+        # rank 0's micro-steps when this rollout ends: it may finish only the one in flight after that
+        return {"rank": ctx.rank, "tokens": [ctx.rank, 7, 8], "progress_at_end": worker.progress(0)}
 
     result = worker.run_step(rollout)
     return {"result": result, "start": start, "trained": stepper.last, "after": flat(head)}
@@ -119,7 +120,7 @@ def capped_step(ctx: WorkerContext, head, buffer) -> dict:
         if ctx.rank == 1:
             while worker.progress(0) < 2:
                 time.sleep(0.001)
-            time.sleep(0.3)
+            time.sleep(0.3)  # idle time rank 0 must not fill: its budget is spent
         return ctx.rank
 
     return {"result": worker.run_step(rollout), "budget": stepper.budget()}
