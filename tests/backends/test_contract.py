@@ -93,9 +93,9 @@ class Engines:
         self.cache = {}
 
     def get(self, setup: str):
-        """'plain', 'eagle' (starts with the dead drafter, SD at any batch size) or 'ngram'."""
+        """'plain', 'eagle' (the copy drafter, whose drafts are accepted; SD at any batch size) or 'ngram'."""
         if setup not in self.cache:
-            drafter = {"plain": None, "eagle": dead_drafter(self.target), "ngram": NgramDrafter(3, 1)}[setup]
+            drafter = {"plain": None, "eagle": copy_drafter(self.target), "ngram": NgramDrafter(3, 1)}[setup]
             self.cache[setup] = self.build(drafter, None if drafter is None else STRATEGY)
         return self.cache[setup]
 
@@ -207,10 +207,16 @@ def test_greedy_samples_of_a_prompt_are_equal(engines, reference):
 
 
 @pytest.mark.parametrize("setup", ["plain", "eagle", "ngram"])
-def test_greedy_equals_native(engines, reference, setup):
-    rollouts = engines.get(setup).generate(PROMPTS, GREEDY)
+def test_greedy_equals_native(engines, reference, repeated, setup):
+    engine = engines.get(setup)
+    rollouts = engine.generate(PROMPTS, GREEDY)
     assert _tokens(rollouts) == _truth(reference, engines.eos)
     assert rollouts[0].finish_reason is FinishReason.STOP
+    looping = [repeated, repeated[:3], PROMPTS[1]]  # where the drafters' drafts are accepted
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    assert _tokens(engine.generate(looping, params)) == _truth(reference, engines.eos, looping, params)
+    accepted = sum(s.accepted_tokens for s in engine.step_stats)
+    assert accepted > 0 if setup != "plain" else accepted == 0  # SD was tested, not plain decoding twice
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
@@ -261,24 +267,23 @@ def test_bad_weights_are_rejected_and_change_nothing(engines, reference):
 
 
 def test_drafter_update_takes_effect_and_keeps_greedy_output(engines, reference, repeated):
-    """The running dead drafter accepts nothing; after a push of the copy drafter (with the same policy)
-    drafts are accepted, and greedy output stays the target's."""
+    """After a push of the dead drafter (with the same policy) no draft is accepted, after a push of the copy
+    drafter drafts are accepted again, and greedy output stays the target's throughout."""
     engine = engines.get("eagle")
     looping = [repeated, repeated[:3]]
     truth = _truth(reference, engines.eos, looping, SamplingParams(temperature=0, max_new_tokens=40))
-    assert _tokens(engine.generate(looping, SamplingParams(temperature=0, max_new_tokens=40))) == truth
-    assert sum(s.accepted_tokens for s in engine.step_stats) == 0
     if not engine.capabilities.drafter_hot_swap:
         with pytest.raises(PushError, match="new SGLangEngine"):
-            push(engine, engines.target.state_dict(), copy_drafter(engines.target), version=1)
+            push(engine, engines.target.state_dict(), dead_drafter(engines.target), version=1)
         return
     try:
-        push(engine, engines.target.state_dict(), copy_drafter(engines.target), version=1)
-        assert _tokens(engine.generate(looping, SamplingParams(temperature=0, max_new_tokens=40))) == truth
-        assert sum(s.accepted_tokens for s in engine.step_stats) > 0
+        for drafter, accepts in ((dead_drafter(engines.target), False), (copy_drafter(engines.target), True)):
+            push(engine, engines.target.state_dict(), drafter, version=1)
+            assert _tokens(engine.generate(looping, SamplingParams(temperature=0, max_new_tokens=40))) == truth
+            assert (sum(s.accepted_tokens for s in engine.step_stats) > 0) == accepts
         assert _tokens(engine.generate(PROMPTS, GREEDY)) == _truth(reference, engines.eos)
     finally:
-        engine.set_drafter(dead_drafter(engines.target))
+        engine.set_drafter(copy_drafter(engines.target))
 
 
 def test_speculative_sampling_keeps_the_targets_distribution(engines, repeated):
@@ -287,18 +292,9 @@ def test_speculative_sampling_keeps_the_targets_distribution(engines, repeated):
     params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=11)
     prompt = [repeated]
     plain = _padded(engines.get("plain").generate(prompt, params, n=3000))
-    hot_swap = engines.get("eagle").capabilities.drafter_hot_swap
-    engine = engines.get("eagle") if hot_swap else engines.build(copy_drafter(engines.target), STRATEGY)
-    try:
-        if hot_swap:
-            engine.set_drafter(copy_drafter(engines.target))
-        rollouts = engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=4, seed=12), n=3000)
-        assert sum(s.accepted_tokens for s in engine.step_stats) > 500  # the test exercises acceptance
-    finally:
-        if hot_swap:
-            engine.set_drafter(dead_drafter(engines.target))
-        else:
-            engine.close()
+    engine = engines.get("eagle")  # the copy drafter
+    rollouts = engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=4, seed=12), n=3000)
+    assert sum(s.accepted_tokens for s in engine.step_stats) > 500  # the test exercises acceptance
     spec = _padded(rollouts)
     for position in range(1, 4):
         table = _contingency(plain[:, position], spec[:, position])
