@@ -28,6 +28,7 @@ from tlt.machine import resolve_precision
 from tlt.models.io import atomic_write_json, save_hf_folder
 from tlt.models.presets import build_model, count_parameters
 from tlt.models.tokenizer import train_tokenizer
+from tlt.training.progress import ProgressLines
 from tlt.training.sft import SFTDataModule, SFTModule, encode_examples
 
 
@@ -38,26 +39,6 @@ def _tokenizer(cfg: RunConfig, texts: list[str], folder: Path):
     tokenizer = train_tokenizer(texts, cfg.model.vocab_size)
     tokenizer.save_pretrained(folder)
     return tokenizer
-
-
-class ProgressLines(L.Callback):
-    """A plain progress line every `every` steps (a progress bar does not show in logs or CI output)."""
-
-    def __init__(self, every: int):
-        self.every, self.start, self.first = every, 0.0, 0
-
-    def on_train_start(self, trainer, pl_module) -> None:
-        self.start, self.first = time.perf_counter(), trainer.global_step
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step, total = trainer.global_step, trainer.max_steps
-        if trainer.is_global_zero and (step % self.every == 0 or step == total):
-            rate = (step - self.first) / max(time.perf_counter() - self.start, 1e-9)
-            eta = (total - step) / max(rate, 1e-9)
-            loss = float(outputs["loss"]) if isinstance(outputs, dict) else float(outputs)
-            print(
-                f"[tlt] bootstrap step {step}/{total}  loss {loss:.3f}  {rate:.1f} steps/s  ETA {eta:.0f}s", flush=True
-            )
 
 
 def _trainer(cfg: RunConfig, ckpt_dir: Path) -> L.Trainer:
@@ -76,7 +57,7 @@ def _trainer(cfg: RunConfig, ckpt_dir: Path) -> L.Trainer:
         use_distributed_sampler=False,
         callbacks=[
             ModelCheckpoint(dirpath=ckpt_dir, every_n_train_steps=b.checkpoint_every, save_last=True),
-            ProgressLines(every=max(1, b.max_steps // 20)),
+            ProgressLines("bootstrap", every=max(1, b.max_steps // 20)),
         ],
     )
 

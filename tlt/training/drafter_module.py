@@ -22,6 +22,7 @@ from tlt.machine import resolve_precision
 from tlt.training.drafter_buffer import DrafterBuffer
 from tlt.training.drafter_loss import DrafterLossOutput, EagleLoss
 from tlt.training.packing import PackedBatch, pack, pad
+from tlt.training.progress import ProgressLines
 
 
 class BufferBatches(IterableDataset):
@@ -95,7 +96,8 @@ def fit_drafter(
         logger=False,
         enable_checkpointing=False,
         enable_model_summary=False,
-        enable_progress_bar=progress,
+        enable_progress_bar=False,
+        callbacks=[ProgressLines("drafter", every=max(1, max_steps // 10))] if progress else [],
         gradient_clip_val=1.0,
         num_sanity_val_steps=0,
     )
