@@ -235,3 +235,15 @@ def test_end_to_end_tiny_sweep(tmp_path):
     assert float(rows[0]["accept_length_mean"]) == 0 and float(rows[1]["step_seconds_mean"]) > 0
     assert main(["sweep", str(grid), "--output-dir", str(out)]) == 0
     assert {r["status"] for r in csv.DictReader((out / "sweep.csv").open())} == {"skipped"}
+
+
+def test_table_gives_each_cell_speedup_over_the_first():
+    rows = [
+        {"cell": "base", "status": "done", "overrides": "", **_flatten({"seconds": {"rollout": 6.0, "total": 12.0}})},
+        {"cell": "sd", "status": "done", "overrides": "", **_flatten({"seconds": {"rollout": 4.0, "total": 10.0}})},
+        {"cell": "broken", "status": "failed", "overrides": "", **_flatten({})},
+    ]
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in to_markdown(rows).splitlines()}
+    assert "| 12.000 | 1.000 | 1.000 |" in lines["base"]
+    assert "| 10.000 | 1.500 | 1.200 |" in lines["sd"]
+    assert "|  |  |  |" in lines["broken"]

@@ -10,8 +10,10 @@ from pathlib import Path
 
 
 def _threads() -> None:
-    """One torch thread per process: two threads on two cores collapse under any other load."""
+    """One torch thread per process: two threads on two cores collapse under any other load. (And no per-file
+    progress bars from transformers' loaders, in this process or the ranks it starts: tlt prints its own.)"""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

@@ -226,6 +226,9 @@ class DrafterConfig:
     preempt_tokens: int = 256
     max_epochs_per_step: float = 2.0  # micro-steps per RL step at most this many passes over the buffer's tokens
     online_warmup_steps: int = 20  # online training: linear learning-rate warm-up over this many micro-steps
+    # online training's peak learning rate (None: drafter.lr). A drafter distilled offline ends its schedule near
+    # zero; restarting it at the distillation peak on one step's rollouts undoes part of that training
+    online_lr: float | None = None
     packing: bool = True  # pack samples into rows, per-document attention (False: pad each to the longest)
     buffer_decay: float = 0.5  # data-buffer sampling weight per policy version of age, in (0, 1]
     buffer_long_tokens: int = 256  # samples this long from the previous version are kept (one-step offset)
@@ -263,6 +266,8 @@ class DrafterConfig:
         except ValueError as err:
             raise ConfigError(f"drafter.eval_strategy: {err}") from None
         _check(0 < self.lr < 1, "drafter.lr", "a float in (0, 1)", self.lr)
+        if self.online_lr is not None:
+            _check(0 < self.online_lr < 1, "drafter.online_lr", "a float in (0, 1) or null", self.online_lr)
         _check(self.batch_tokens >= 16, "drafter.batch_tokens", "an integer >= 16", self.batch_tokens)
         _check(self.preempt_tokens >= 16, "drafter.preempt_tokens", "an integer >= 16", self.preempt_tokens)
         _check(self.max_epochs_per_step > 0, "drafter.max_epochs_per_step", "a float > 0", self.max_epochs_per_step)

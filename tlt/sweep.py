@@ -269,13 +269,30 @@ def to_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
+def speedups(rows: list[dict]) -> list[dict]:
+    """Per row, the first row's summed rollout and total seconds over this row's (None where either is missing):
+    how much faster than the grid's first cell, its reference, a cell ran."""
+    ref = rows[0] if rows else {}
+
+    def ratio(row: dict, key: str) -> float | None:
+        return ref[key] / row[key] if ref.get(key) and row.get(key) else None
+
+    return [{"rollout_speedup": ratio(r, "seconds.rollout"), "total_speedup": ratio(r, "seconds.total")} for r in rows]
+
+
 def to_markdown(rows: list[dict]) -> str:
+    rows = [row | extra for row, extra in zip(rows, speedups(rows), strict=True)]
     cols = [c for c in COLUMNS if c != "overrides"]
+    cols[cols.index("seconds.total") + 1 : cols.index("seconds.total") + 1] = ["rollout_speedup", "total_speedup"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         cells = [_fmt(row.get(c)).replace("|", "\\|").replace("\n", " ") for c in cols]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [
+        "",
+        f"rollout_speedup / total_speedup: the first cell's ({rows[0]['cell'] if rows else ''}) summed rollout / "
+        "total seconds over the cell's (cells run one after another, not interleaved: sampled responses and the "
+        "machine's speed differ between them).",
         "",
         "Seconds are sums over each cell's steps. idle_workers: whether a rank sat idle while another still rolled "
         "out (several processes), where `spot` trains the drafter for free; in one process no worker is ever idle "

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tests.training import spot_workers
+from tlt.config import ConfigError
 from tlt.training.drafter_module import BufferBatches
 from tlt.training.launch import launch_cpu
 
@@ -122,6 +123,19 @@ def test_online_learning_rate_warms_up_with_the_optimizers_own_steps():
     assert resumed.learning_rate() == pytest.approx(1e-3)
     stepper.reset()  # a fresh optimizer warms up again
     assert stepper.learning_rate() == pytest.approx(2.5e-4)
+
+
+def test_online_learning_rate_is_drafter_online_lr_when_set():
+    cfg = spot_workers.DrafterConfig(lr=1e-3, online_lr=1e-4, batch_tokens=64, online_warmup_steps=2)
+    stepper = spot_workers.DrafterStepper(spot_workers.build_head(), spot_workers.build_buffer(0), cfg)
+    seen = []
+    for _ in range(3):
+        seen.append(stepper.learning_rate())
+        stepper.step()
+        assert stepper.optimizer.param_groups[0]["lr"] == seen[-1]
+    assert seen == pytest.approx([5e-5, 1e-4, 1e-4])
+    with pytest.raises(ConfigError, match="drafter.online_lr"):
+        spot_workers.DrafterConfig(online_lr=0.0)
 
 
 def _stepper(preempt_tokens: int):

@@ -50,8 +50,9 @@ POLL_SECONDS = 0.001  # `between_steps`: wait between polls of the "all done" fl
 class DrafterStepper:
     """One AdamW step of the head per call, on a batch of about cfg.batch_tokens drawn from `buffer`.
 
-    EAGLE-1 loss of `DrafterModule`, gradient clipping at 1.0 as in offline training, learning rate cfg.lr after
-    a linear warm-up over cfg.online_warmup_steps (online training has no end to decay towards). The warm-up
+    EAGLE-1 loss of `DrafterModule`, gradient clipping at 1.0 as in offline training, learning rate
+    cfg.online_lr (cfg.lr when unset) after a linear warm-up over cfg.online_warmup_steps (online training has
+    no end to decay towards). The warm-up
     counts the optimizer's own steps, so it resumes with it and restarts with a fresh optimizer: a fresh AdamW
     moves every weight by about lr on its first steps whatever the gradient, which knocked a trained head from
     3.6 to 2.4 tokens per verify in two steps at lr 1e-3 (eval/drift.py). `budget()` caps the micro-steps of
@@ -80,11 +81,13 @@ class DrafterStepper:
         return math.ceil(cfg.max_epochs_per_step * self.buffer.num_tokens / cfg.batch_tokens)
 
     def learning_rate(self) -> float:
-        """cfg.lr scaled by the warm-up: (steps taken + 1) / cfg.online_warmup_steps, at most 1."""
+        """The online peak learning rate scaled by the warm-up: (steps taken + 1) / cfg.online_warmup_steps, at
+        most 1."""
         cfg = self.module.cfg
         state = self.optimizer.state.get(self.head.fc.weight, {})
         taken = int(state["step"]) if "step" in state else 0
-        return cfg.lr * min(1.0, (taken + 1) / max(1, cfg.online_warmup_steps))
+        peak = cfg.lr if cfg.online_lr is None else cfg.online_lr
+        return peak * min(1.0, (taken + 1) / max(1, cfg.online_warmup_steps))
 
     def step(self, stop: Callable[[], bool] | None = None) -> float:
         """One optimizer step; returns its loss (the token mean over the rows it trained on).
