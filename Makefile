@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install install-core vllm-env quickstart test test-vllm test-slow lint gpu-wheels gpu-carry
+.PHONY: install install-core vllm-env quickstart test test-vllm test-slow lint gpu-wheels
 
 # torch first and pinned: an unpinned torch pulled in by another package would download a multi-GB CUDA build.
 # --no-compile: Python compiles what it imports on first use instead of every file of every wheel up front
@@ -60,9 +60,3 @@ gpu-wheels:
 		--platform manylinux_2_17_x86_64 -d .whl $(GPU_WHEELS)
 	$(PYTHON) -m pip wheel --quiet --no-deps -w .whl cellpylib==2.4.0 zss==1.2.0
 	$(PYTHON312) -m pip wheel --quiet --no-deps -w .whl pycosat==0.6.6
-
-# A bfloat16 copy of the deep policy for eval/gpu_checks.sh (the float32 one exceeds the device tool's carry
-# limit together with the wheels and the quickstart policy); tlt loads it back as float32.
-gpu-carry:
-	$(PYTHON) -c "import torch; from tlt.models.io import load_hf_folder, save_hf_folder; \
-	m, t = load_hf_folder('runs/deep/model'); save_hf_folder(m.to(torch.bfloat16), t, 'runs/deep/model-bf16')"

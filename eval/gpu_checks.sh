@@ -3,22 +3,17 @@
 # 15-minute session budget on one H100 / H200):
 #   1. the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA (pytest -m gpu),
 #   2. #4: adaptive rollout vs SD-never vs each fixed strategy vs the reference buckets (eval.bench_adaptive), on
-#      the 12-layer `deep` policy when it was carried (a draft step costs 0.15-0.17 of its target step on a CPU at
-#      batch 1; on the 4-layer quickstart policy about 0.6, which caps SD), else on the quickstart's,
-#   3. #6: TLT vs TLT off, 12 GRPO steps each on the quickstart model, step / rollout ratios and Amdahl bound.
+#      the main job's 12-layer policy and its EAGLE drafter (tlt/assets/deep_v1, in the repository: it travels
+#      with the working tree),
+#   3. #24: the main job on the GPU, one process: TLT vs TLT off, 12 GRPO steps each, step / rollout ratios and
+#      the Amdahl bound (speedup.md).
 #
-# Prepare here once (CPU machine): the quickstart base policy and its offline drafter, and the pure-Python
-# packages the device image lacks (it has torch, transformers, lightning, matplotlib, tensorboard, pytest):
-#   tlt bootstrap --config configs/quickstart.yaml --output-dir runs/quickstart
-#   tlt train-drafter runs/quickstart/model --output runs/quickstart/drafter
+# Prepare here once (CPU machine): the pure-Python packages the device image lacks (it has torch, transformers,
+# lightning, matplotlib, tensorboard, pytest):
 #   make gpu-wheels
-# and, for #4 on the deep policy (~26 + ~10 min on one core), a bfloat16 copy of it that fits the carry limit:
-#   tlt bootstrap --preset deep --output-dir runs/deep
-#   tlt train-drafter runs/deep/model --output runs/deep/drafter
-#   make gpu-carry
-# then run it there: device run, command `bash eval/gpu_checks.sh`, carry [".whl", "runs/quickstart/model",
-# "runs/quickstart/drafter", "runs/deep/model-bf16", "runs/deep/drafter"], timeout 590 s (the steps' own timeouts sum to 550 s). Results, 8 files (markdown,
-# PNG, logs: the device tool returns at most 8), land in $OUT, or runs/gpu-checks.
+# then run it there: device run, command `bash eval/gpu_checks.sh`, carry [".whl"], timeout 590 s (the steps'
+# own timeouts sum to 550 s). Results, 8 files (markdown, PNG, logs: the device tool returns at most 8), land in
+# $OUT, or runs/gpu-checks.
 # A dry run on CPU: `QUICK=1 NO_WHEELS=1 TLT_CHECK_DEVICE=cpu PY=python OUT=/tmp/gc bash eval/gpu_checks.sh`.
 set -uo pipefail
 
@@ -53,11 +48,7 @@ timeout 120 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/backends/tes
   tests/training/test_train_cli.py tests/training/test_distill.py >"$OUT/tests.log" 2>&1 || status=1
 tail -n 25 "$OUT/tests.log"
 
-if [ -d runs/deep/model-bf16 ] && [ -d runs/deep/drafter ]; then
-  TARGET=runs/deep/model-bf16; DRAFTER=runs/deep/drafter
-else
-  TARGET=runs/quickstart/model; DRAFTER=runs/quickstart/drafter
-fi
+TARGET=tlt/assets/deep_v1/policy; DRAFTER=tlt/assets/deep_v1/drafter
 log "2/3 #4 adaptive rollout benchmark on $TARGET ($PROMPTS prompts x $SAMPLES samples, T = 1, up to $NEW tokens)"
 timeout 170 "$PY" -m eval.bench_adaptive --device "$DEVICE" --target "$TARGET" --drafter "$DRAFTER" \
   --strategies 3_1_4,5_1_6,7_1_8,4_2_8 --prompts "$PROMPTS" --samples "$SAMPLES" --max-new-tokens "$NEW" \
@@ -65,10 +56,10 @@ timeout 170 "$PY" -m eval.bench_adaptive --device "$DEVICE" --target "$TARGET" -
 cp /tmp/tlt-adaptive/adaptive.md /tmp/tlt-adaptive/adaptive_decisions.png "$OUT"/ 2>/dev/null
 tail -n 30 "$OUT/adaptive.log"
 
-log "3/3 #6 TLT vs TLT off, $STEPS GRPO steps each (quickstart, offline drafter to start from)"
+log "3/3 #24 the main job, TLT vs TLT off, $STEPS GRPO steps each, one process"
 rm -rf /tmp/tlt-qs
 timeout 260 "$PY" -m tlt.cli train configs/quickstart.yaml train.device="$DEVICE" train.devices=1 \
-  drafter.path=runs/quickstart/drafter grpo.steps="$STEPS" train.heldout_eval="$HELDOUT" \
+  grpo.steps="$STEPS" train.heldout_eval="$HELDOUT" \
   train.tensorboard=false "${TRAIN_ARGS[@]}" --output-dir /tmp/tlt-qs >"$OUT/train.log" 2>&1 || status=1
 cp /tmp/tlt-qs/speedup.md "$OUT"/ 2>/dev/null
 cp /tmp/tlt-qs/summary.png "$OUT"/train_summary.png 2>/dev/null

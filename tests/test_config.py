@@ -120,7 +120,8 @@ def test_the_gpu_preset_passes_the_checks_of_an_8_rank_run():
 
 def test_the_readme_config_example_loads(tmp_path):
     text = (Path(__file__).parents[1] / "README.md").read_text()
-    example = text.split("# configs/my_run.yaml\n", 1)[1].split("```", 1)[0]
+    example = text.split("```yaml\n# configs/my_run.yaml", 1)[1].split("\n", 1)[1].split("```", 1)[0]
     (tmp_path / "my_run.yaml").write_text(example)
     cfg = load_config(tmp_path / "my_run.yaml")
-    assert cfg.model.preset == "small" and cfg.speculative.strategies == ["2_1_3", "4_1_5", "3_2_6"]
+    assert cfg.model.preset == "deep" and cfg.speculative.strategies == ["3_1_4", "5_1_6", "7_1_8"]
+    assert cfg.drafter.online_lr == 1e-4 and Path(cfg.model.path).is_dir()

@@ -386,6 +386,10 @@ class TrainConfig:
     devices: int = 1  # processes (ranks), one rollout engine each; CPU: spawned by `tlt train`; else torchrun
     bootstrap_if_missing: bool = False  # model.path missing: bootstrap it first (`tlt bootstrap` on this config)
     compare_baseline: bool = False  # then run the same RL with TLT off in <output_dir>/baseline and compare
+    # with compare_baseline: the arms take turns of this many steps each (TLT, baseline, TLT, ...: each resumes
+    # from its checkpoint), so a machine whose speed drifts over the run slows both alike; 0: TLT's whole run,
+    # then the baseline's
+    compare_turn_steps: int = 0
     warmup_steps: int = 1  # first steps left out of the step-time comparison (engine and allocator warm-up)
     heldout_eval: int = 256  # held-out problems the comparison evaluates base and final policies on (0: none)
     drafter_checkpoint_every: int = (
@@ -397,6 +401,7 @@ class TrainConfig:
         _check_choice("train.device", self.device, ("auto", "cpu", "cuda"))
         _check_choice("train.sharding", self.sharding, ("replicate", "fsdp"))
         _check(self.warmup_steps >= 0, "train.warmup_steps", "an integer >= 0", self.warmup_steps)
+        _check(self.compare_turn_steps >= 0, "train.compare_turn_steps", "an integer >= 0", self.compare_turn_steps)
         _check(self.heldout_eval >= 0, "train.heldout_eval", "an integer >= 0", self.heldout_eval)
         _check(self.devices >= 1, "train.devices", "an integer >= 1", self.devices)
         _check(self.checkpoint_every >= 1, "train.checkpoint_every", "an integer >= 1", self.checkpoint_every)

@@ -90,9 +90,10 @@ def test_bootstrap_folder_follows_model_path():
         bootstrap_folder(load_config(None, ["model.path=runs/a/policy"]))
 
 
-def test_bench_e2e_compares_with_the_same_run_without_tlt(config, tmp_path, capsys):  # noqa: F811
+def test_bench_e2e_compares_with_the_same_run_without_tlt_in_turns(config, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "rl"
     overrides = ["grpo.steps=2", "train.heldout_eval=4", "eval.max_new_tokens=8", f"output_dir={out}"]
+    overrides.append("train.compare_turn_steps=1")  # TLT step 1, baseline step 1, TLT step 2, baseline step 2
     assert main(["bench", "e2e", str(config), *overrides]) == 0  # = tlt train with train.compare_baseline=true
     result = json.loads((out / "speedup.json").read_text())
     base_metrics = json.loads((out / "baseline" / "checkpoint" / "metrics.json").read_text())
@@ -102,7 +103,10 @@ def test_bench_e2e_compares_with_the_same_run_without_tlt(config, tmp_path, caps
     assert 0 <= result["base_heldout_accuracy"] <= 1
     assert "TLT vs baseline" in (out / "speedup.md").read_text()
     assert result["machine"]["logical_cores"] >= 1 and "torch" in result["machine"]
-    assert "Amdahl bound" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Amdahl bound" in printed
+    turns = [line for line in printed.splitlines() if "with TLT off, for comparison" in line or "resuming" in line]
+    assert ["steps to 1 with" in turns[0], "resuming" in turns[1], "steps to 2 with" in turns[2]] == [True] * 3
 
 
 def test_bench_needs_a_config_and_names_the_harness(capsys):

@@ -32,6 +32,7 @@ adds `devices` and `replicas_identical` (every rank ended with bit-identical pol
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
@@ -61,26 +62,42 @@ def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict | None
     None on a rank other than 0 under torchrun. `reward_fn` must be picklable when ranks are spawned.
 
     With `train.bootstrap_if_missing` a missing model.path is bootstrapped first; with `train.compare_baseline`
-    the same run with TLT off follows in `<output_dir>/baseline` and the summary gains the comparison
-    (`tlt.training.compare`)."""
+    the same run with TLT off follows in `<output_dir>/baseline` (or the two take turns of
+    `train.compare_turn_steps` steps) and the summary gains the comparison (`tlt.training.compare`)."""
     from tlt.training.data_parallel import check_world
 
     check_world(cfg, world_size(cfg))  # before a bootstrap: what the run's processes allow
     check_data_paths(cfg)
     if cfg.train.bootstrap_if_missing:
         _bootstrap_if_missing(cfg)
-    summary = _train(cfg, reward_fn)
-    if not cfg.train.compare_baseline or summary is None:
-        return summary
+    if not cfg.train.compare_baseline:
+        return _train(cfg, reward_fn)
+    return _train_and_compare(cfg, reward_fn)
+
+
+def _train_and_compare(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
+    """The run, and the same run with TLT off in <output_dir>/baseline, in turns of train.compare_turn_steps
+    steps (each turn resumes its arm's checkpoint), then the comparison."""
     from tlt.training.compare import baseline_config, compare
 
     base_cfg = baseline_config(cfg)
-    print(f"[tlt] the same run with TLT off, for comparison: {base_cfg.output_dir}", flush=True)
-    _train(base_cfg, reward_fn)
+    steps = cfg.grpo.steps
+    turn = cfg.train.compare_turn_steps or max(steps, 1)
+    summary = None
+    for end in [*range(turn, steps, turn), steps]:
+        summary = _train(_with_steps(cfg, end), reward_fn)
+        if summary is None:  # a rank other than 0 under torchrun
+            return None
+        print(f"[tlt] steps to {end} with TLT off, for comparison: {base_cfg.output_dir}", flush=True)
+        _train(_with_steps(base_cfg, end), reward_fn)
     result = compare(cfg, Path(cfg.output_dir), Path(base_cfg.output_dir))
     print(f"[tlt] {result.summary()}", flush=True)
     print(f"[tlt] comparison: {Path(cfg.output_dir) / 'speedup.md'}", flush=True)
     return summary | {"comparison": result.to_dict()}
+
+
+def _with_steps(cfg: RunConfig, steps: int) -> RunConfig:
+    return dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=steps))
 
 
 def _bootstrap_if_missing(cfg: RunConfig) -> None:
