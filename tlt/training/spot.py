@@ -52,10 +52,10 @@ class DrafterStepper:
 
     EAGLE-1 loss of `DrafterModule`, gradient clipping at 1.0 as in offline training, learning rate
     cfg.online_lr (cfg.lr when unset) after a linear warm-up over cfg.online_warmup_steps (online training has
-    no end to decay towards). The warm-up
-    counts the optimizer's own steps, so it resumes with it and restarts with a fresh optimizer: a fresh AdamW
-    moves every weight by about lr on its first steps whatever the gradient, which knocked a trained head from
-    3.6 to 2.4 tokens per verify in two steps at lr 1e-3 (eval/drift.py). `budget()` caps the micro-steps of
+    no end to decay towards). The warm-up counts the optimizer's own steps, so it resumes with it and restarts
+    with a fresh optimizer: a fresh AdamW moves every weight by about lr on its first steps whatever the
+    gradient, which knocked a trained head from 3.6 to 2.4 tokens per verify in two steps at lr 1e-3
+    (eval/drift.py). `budget()` caps the micro-steps of
     one RL step at cfg.max_epochs_per_step passes over the buffer: early on, when the buffer holds one step's
     rollouts, more steps than that only overfit the head to them.
     """

@@ -83,7 +83,6 @@ def _train_and_compare(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     base_cfg = baseline_config(cfg)
     steps = cfg.grpo.steps
     turn = cfg.train.compare_turn_steps or max(steps, 1)
-    summary = None
     for end in [*range(turn, steps, turn), steps]:
         summary = _train(_with_steps(cfg, end), reward_fn)
         if summary is None:  # a rank other than 0 under torchrun
