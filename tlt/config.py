@@ -141,6 +141,7 @@ class RolloutConfig:
     top_k: int = 0  # 0 = off
     max_seq_len: int = 1024  # prompt + response limit of the engine's KV cache
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm / sglang engine keywords (dtype, memory)
+    cuda_graphs: bool = False  # native: static-shape decode / verify, CUDA graphs on CUDA (uncaptured on CPU)
 
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("native", "vllm", "sglang"))
@@ -216,7 +217,7 @@ class SpeculativeConfig:
 
 @dataclass
 class DrafterConfig:
-    kind: str = "eagle"  # eagle, small_lm, ngram
+    kind: str = "eagle"  # eagle, small_lm, ngram, suffix
     path: str | None = None  # a saved tlt drafter folder to start from
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
     lr: float = 1e-3
@@ -242,9 +243,15 @@ class DrafterConfig:
     distill_temperature: float = 0.0  # 0 = the target's greedy answers, > 0 = sampled ones
     eval_prompts: int = 16  # held-out prompts for the acceptance-length check before / after training
     eval_strategy: str = "4_1_5"  # SD strategy of that check
+    # suffix drafter: response tokens kept over all prompts (least-recently-used prompt out first), and finished
+    # responses kept per prompt (oldest out first); kept across steps, saved in the checkpoint
+    history_tokens: int = 1_000_000
+    history_responses: int = 64
 
     def __post_init__(self) -> None:
-        _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram"))
+        _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram", "suffix"))
+        _check(self.history_tokens >= 0, "drafter.history_tokens", "an integer >= 0", self.history_tokens)
+        _check(self.history_responses >= 0, "drafter.history_responses", "an integer >= 0", self.history_responses)
         _check_choice("drafter.precision", self.precision, PRECISIONS)
         _check(self.train_steps >= 1, "drafter.train_steps", "an integer >= 1", self.train_steps)
         _check(self.distill_prompts >= 1, "drafter.distill_prompts", "an integer >= 1", self.distill_prompts)
@@ -390,6 +397,7 @@ class TrainConfig:
     # from its checkpoint), so a machine whose speed drifts over the run slows both alike; 0: TLT's whole run,
     # then the baseline's
     compare_turn_steps: int = 0
+    stop_after: int = 0  # stop (with a checkpoint) after this step, to resume later; 0: run all grpo.steps
     warmup_steps: int = 1  # first steps left out of the step-time comparison (engine and allocator warm-up)
     heldout_eval: int = 256  # held-out problems the comparison evaluates base and final policies on (0: none)
     drafter_checkpoint_every: int = (
@@ -402,6 +410,7 @@ class TrainConfig:
         _check_choice("train.sharding", self.sharding, ("replicate", "fsdp"))
         _check(self.warmup_steps >= 0, "train.warmup_steps", "an integer >= 0", self.warmup_steps)
         _check(self.compare_turn_steps >= 0, "train.compare_turn_steps", "an integer >= 0", self.compare_turn_steps)
+        _check(self.stop_after >= 0, "train.stop_after", "an integer >= 0 (0: all grpo.steps)", self.stop_after)
         _check(self.heldout_eval >= 0, "train.heldout_eval", "an integer >= 0", self.heldout_eval)
         _check(self.devices >= 1, "train.devices", "an integer >= 1", self.devices)
         _check(self.checkpoint_every >= 1, "train.checkpoint_every", "an integer >= 1", self.checkpoint_every)

@@ -13,7 +13,8 @@ uses that rule.
 
 The target is a one-layer Qwen2 with an 8-token vocabulary, so the SD steps of 40,000 rows take seconds;
 the EAGLE head is distilled for a few seconds on the target's greedy answers, the small LM and the n-gram
-drafter are as they come (at V = 8 their proposals overlap the target's distribution often enough).
+drafter are as they come (at V = 8 their proposals overlap the target's distribution often enough), and the
+suffix drafter drafts from the other rows of the prompt (and from the earlier chunks' rows).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tlt.config import DrafterConfig
 from tlt.drafters.eagle import EagleDrafter
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.small_lm import SmallLMDrafter
+from tlt.drafters.suffix import SuffixDrafter
 from tlt.schedulers.tuners import FixedTuner
 from tlt.speculative.sampling import probs_from_logits
 from tlt.training.distill import distill_drafter
@@ -51,6 +53,7 @@ CASES = {
     "eagle_tree": (lambda m: _distilled_eagle(m).clone(), "2_2_5", "tree"),
     "small_lm": (lambda m: SmallLMDrafter(_model(seed=2)), "3_1_4", "tree"),
     "ngram": (lambda m: NgramDrafter(3, 1), "3_1_4", "tree"),
+    "suffix": (lambda m: SuffixDrafter(), "3_1_4", "tree"),  # drafts from the other rows of the same prompt
 }
 
 
@@ -136,9 +139,9 @@ def pvalue(pairs: torch.Tensor, joint: np.ndarray) -> float:
 def _biased(rule):
     """`rule` (a verification function) reading the target at 0.9 of the step's temperature."""
 
-    def biased(*args):
+    def biased(*args, **kwargs):
         *head, sampling, generator = args
-        return rule(*head, dataclasses.replace(sampling, temperature=0.9 * sampling.temperature), generator)
+        return rule(*head, dataclasses.replace(sampling, temperature=0.9 * sampling.temperature), generator, **kwargs)
 
     return biased
 

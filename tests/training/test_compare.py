@@ -107,6 +107,8 @@ def test_bench_e2e_compares_with_the_same_run_without_tlt_in_turns(config, tmp_p
     assert "Amdahl bound" in printed
     turns = [line for line in printed.splitlines() if "with TLT off, for comparison" in line or "resuming" in line]
     assert ["steps to 1 with" in turns[0], "resuming" in turns[1], "steps to 2 with" in turns[2]] == [True] * 3
+    progress = [line.split()[2] for line in printed.splitlines() if line.startswith("[tlt] step ")]
+    assert progress == ["1/2", "1/2", "2/2", "2/2"]  # each arm's steps out of the run's, not the turn's
 
 
 def test_bench_needs_a_config_and_names_the_harness(capsys):

@@ -21,6 +21,11 @@ def check_backend_config(cfg: RunConfig) -> None:
     from tlt.config import ConfigError
 
     backend, spec = cfg.rollout.backend, cfg.speculative
+    if cfg.rollout.cuda_graphs and backend != "native":
+        raise ConfigError(
+            f"rollout.cuda_graphs: a native-engine option (vLLM and SGLang capture their own graphs on CUDA), got "
+            f"rollout.backend={backend}; remove it"
+        )
     if cfg.rollout.engine_args and backend == "native":
         raise ConfigError(
             f"rollout.engine_args: keywords for the vllm / sglang engine, got {dict(cfg.rollout.engine_args)} with "
@@ -30,6 +35,11 @@ def check_backend_config(cfg: RunConfig) -> None:
         raise ConfigError(
             "speculative.draft_int8: int8 drafting is a native-engine option for the eagle drafter, got "
             f"rollout.backend={backend}, drafter.kind={cfg.drafter.kind}; set speculative.draft_int8=false"
+        )
+    if spec.draft_int8 and on_cuda(cfg.train.device):
+        raise ConfigError(
+            "speculative.draft_int8: int8 drafting uses fbgemm's CPU kernels (torch.ao dynamic quantization), but "
+            f"train.device={cfg.train.device} runs on CUDA here; set speculative.draft_int8=false or train.device=cpu"
         )
     if backend == "native" or not spec.enabled:
         return
@@ -49,6 +59,13 @@ def check_backend_config(cfg: RunConfig) -> None:
             "scheduler.policy: rollout.backend=sglang cannot reload a draft model in place, so the drafter stays "
             f"frozen: set scheduler.policy=never (got {cfg.scheduler.policy!r}), or use the native or vllm backend"
         )
+
+
+def on_cuda(device: str) -> bool:
+    """Whether a `train.device` value (auto, cpu, cuda) runs on a GPU on this machine."""
+    import torch
+
+    return device == "cuda" or (device == "auto" and torch.cuda.is_available())
 
 
 def engine_from_config(
@@ -89,6 +106,7 @@ def engine_from_config(
             truncate_prompts="left",
             draft_int8=spec.draft_int8,
             return_hidden=return_hidden,
+            cuda_graphs=r.cuda_graphs,
         )
     if return_hidden:
         raise ValueError(f"rollout.backend={r.backend} returns no hidden states; only the native engine does")
@@ -115,8 +133,8 @@ def engine_from_config(
         from tlt.backends.vllm import VLLMEngine
 
         core = dist.get_rank() if dist.is_initialized() else None
-        return VLLMEngine(folder, tokenizer.eos_token_id, r.max_seq_len, device=device.type, cpu_core=core, **options)
+        return VLLMEngine(folder, tokenizer.eos_token_id, r.max_seq_len, device=device, cpu_core=core, **options)
     from tlt.backends.sglang import SGLangEngine
 
     options["sd_max_batch"] = None  # SGLang has no batch-size schedule: SD at every batch size
-    return SGLangEngine(folder, tokenizer.eos_token_id, r.max_seq_len, device=device.type, **options)
+    return SGLangEngine(folder, tokenizer.eos_token_id, r.max_seq_len, device=device, **options)

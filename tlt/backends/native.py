@@ -30,7 +30,7 @@ CAPABILITIES = Capabilities(
     drafter_hot_swap=True,
     hidden_states=True,
     tree_drafts=True,
-    drafters=("eagle", "small_lm", "ngram"),
+    drafters=("eagle", "small_lm", "ngram", "suffix"),
 )
 
 
@@ -56,9 +56,14 @@ class NativeEngine:
         device: str | torch.device = "cpu",
         truncate_prompts: str | None = None,
         draft_int8: bool = False,
+        cuda_graphs: bool = False,
     ):
         """draft_int8: EAGLE drafters draft with an int8 copy of their head (CPU, float32 target), rebuilt at
-        every set_drafter(); the output is unchanged, a draft step streams a quarter of the head's bytes."""
+        every set_drafter(); the output is unchanged, a draft step streams a quarter of the head's bytes.
+        cuda_graphs: the target's decode and verify forwards run on static shapes (rows padded to a power of two,
+        attention over a multiple of 128 slots) and, on CUDA, are captured as CUDA graphs per shape and replayed
+        (`native_graphs`); on CPU the same static path runs uncaptured (slower there: it exists to be tested).
+        The drafters' own steps stay eager."""
         if truncate_prompts not in (None, "left"):
             raise ValueError(f"truncate_prompts must be None (raise) or 'left', got {truncate_prompts!r}")
         limit = model.config.max_position_embeddings
@@ -71,7 +76,7 @@ class NativeEngine:
         self.tuner = tuner
         self.return_hidden = return_hidden
         self.truncate_prompts = truncate_prompts
-        self.runner = ModelRunner(LeanModel.from_hf(self.model), max_seq_len)
+        self.runner = ModelRunner(LeanModel.from_hf(self.model), max_seq_len, static=cuda_graphs)
         self.draft_int8 = draft_int8
         self.drafter: Drafter | None = None
         self.set_drafter(drafter)
@@ -186,7 +191,7 @@ class NativeEngine:
             token_logprobs(logits, first, sampling)[:, None],
             last_hidden,
         )
-        batch, _ = self._commit(batch, emission, outputs)
+        batch, _, _ = self._commit(batch, emission, outputs)
         return batch
 
     def _step(self, batch: RunningBatch, sampling, generator, outputs: Outputs) -> RunningBatch:
@@ -197,10 +202,11 @@ class NativeEngine:
             emission, accepted = self.runner.decode(batch, kv_len, sampling, generator), None
         else:
             tree = self._draft(strategy, batch.size, sampling, generator)
-            emission, accepted = self.runner.speculate(batch, tree, kv_len, sampling, generator)
+            levels = min(strategy.steps, strategy.verify_tokens - 1)  # drafters draft at most `steps` deep
+            emission, accepted = self.runner.speculate(batch, tree, levels, kv_len, sampling, generator)
         size = batch.size
-        batch, generated = self._commit(batch, emission, outputs)
-        self._record(strategy, size, accepted, generated, time.perf_counter() - start)
+        batch, generated, num_accepted = self._commit(batch, emission, outputs, accepted)
+        self._record(strategy, size, num_accepted, generated, time.perf_counter() - start)
         return batch
 
     def _draft(self, strategy: SpecStrategy, batch_size: int, sampling, generator) -> DraftTree:
@@ -234,8 +240,11 @@ class NativeEngine:
             return None
         return strategy
 
-    def _commit(self, batch: RunningBatch, emission: Emission, outputs: Outputs) -> tuple[RunningBatch, int]:
-        """Stop rules, output write, drafter sync, drop finished rows; returns (batch, generated tokens)."""
+    def _commit(
+        self, batch: RunningBatch, emission: Emission, outputs: Outputs, accepted: torch.Tensor | None = None
+    ) -> tuple[RunningBatch, int, int]:
+        """Stop rules, output write, drafter sync, drop finished rows; returns (batch, generated tokens,
+        accepted draft tokens). The step's one host sync reads these counts."""
         stop: StopCheck = check_stop(emission.tokens, emission.counts, batch.remaining, self.eos_token_id)
         outputs.write(batch.seq_ids, emission, stop)
         if self._drafting:
@@ -249,8 +258,9 @@ class NativeEngine:
             remaining=batch.remaining - stop.counts,
         )
         alive = ~stop.finished
-        num_alive, generated, max_len = torch.stack(
-            [alive.sum(), stop.counts.sum(), (batch.cache_lens * alive).max()]
+        num_accepted = stop.counts.new_zeros(()) if accepted is None else accepted.sum()
+        num_alive, generated, max_len, num_accepted = torch.stack(
+            [alive.sum(), stop.counts.sum(), (batch.cache_lens * alive).max(), num_accepted]
         ).tolist()
         self._max_cache_len = max_len
         if num_alive < batch.size:
@@ -260,10 +270,9 @@ class NativeEngine:
                 self.runner.keep(rows, kv_len=max_len)
                 if self._drafting:
                     self.drafter.keep(rows)
-        return batch, generated
+        return batch, generated, num_accepted
 
-    def _record(self, strategy, size: int, accepted, generated: int, seconds: float) -> None:
-        num_accepted = 0 if accepted is None else int(accepted.sum())
+    def _record(self, strategy, size: int, num_accepted: int, generated: int, seconds: float) -> None:
         self.step_stats.append(
             DecodeStepStats(
                 running_batch=size,

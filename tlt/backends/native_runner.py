@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from tlt.backends.base import SamplingParams
+from tlt.backends.native_graphs import StaticForward, batch_bucket
 from tlt.backends.native_state import Emission, RunningBatch
 from tlt.models.lean import KVCache, LeanModel, commit_path, compact
 from tlt.speculative.sampling import probs_from_logits, sample_tokens, token_logprobs
@@ -20,13 +21,24 @@ def next_tokens(logits: torch.Tensor, sampling: SamplingParams, generator: torch
 
 
 class ModelRunner:
-    """Owns the target's LeanModel and KV cache (capacity `max_seq_len` slots per row)."""
+    """Owns the target's LeanModel and KV cache (capacity `max_seq_len` slots per row).
 
-    def __init__(self, lean: LeanModel, max_seq_len: int):
+    static: decode and verify forwards on bucketed shapes (`native_graphs.StaticForward`), captured as CUDA
+    graphs when the model is on CUDA; eager shapes otherwise.
+    """
+
+    def __init__(self, lean: LeanModel, max_seq_len: int, static: bool = False):
         self.lean = lean
         self.max_seq_len = max_seq_len
         self.cache: KVCache | None = None  # the running rows (a view of the buffer)
         self._buffer: KVCache | None = None
+        self.static = StaticForward(lean, capture=lean.device.type == "cuda") if static else None
+
+    def _forward(self, tokens, positions, cache_lens, kv_len: int, tree_mask=None):
+        """The target on the running rows: [B, Q] new tokens -> (hidden [B, Q, D], logits [B, Q, V])."""
+        if self.static is None:
+            return self.lean.forward(tokens, positions, self.cache, cache_lens, tree_mask=tree_mask, kv_len=kv_len)
+        return self.static(self._buffer, tokens, positions, cache_lens, tree_mask, kv_len)
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill P right-padded prompts [P, T] (lengths [P]) once, then fork each into n cache rows.
@@ -47,8 +59,11 @@ class ModelRunner:
     def _allocate(self, rows: int) -> KVCache:
         """A cache view with `rows` rows; the buffer is reused across generate() calls when it is large
         enough."""
-        if self._buffer is None or self._buffer.batch < rows:
-            self._buffer = self.lean.allocate_cache(rows, self.max_seq_len)
+        need = rows if self.static is None else batch_bucket(rows)  # padding rows of the static path
+        if self._buffer is None or self._buffer.batch < need:
+            self._buffer = self.lean.allocate_cache(need, self.max_seq_len)
+            if self.static is not None:
+                self.static = StaticForward(self.lean, self.static.capture)  # graphs point into the old buffer
         return KVCache(k=self._buffer.k[:, :rows], v=self._buffer.v[:, :rows])
 
     def keep(self, rows: torch.Tensor, kv_len: int) -> None:
@@ -58,8 +73,8 @@ class ModelRunner:
         self, batch: RunningBatch, kv_len: int, sampling: SamplingParams, generator: torch.Generator
     ) -> Emission:
         """One plain step: feed each row's pending token, sample the next one."""
-        hidden, logits = self.lean.forward(
-            batch.pending[:, None], batch.cache_lens[:, None], self.cache, batch.cache_lens, kv_len=kv_len
+        hidden, logits = self._forward(
+            batch.pending[:, None], batch.cache_lens[:, None], batch.cache_lens, kv_len
         )  # [B, 1, D], [B, 1, V]
         tokens = next_tokens(logits[:, 0], sampling, generator)  # [B]
         return Emission(
@@ -73,23 +88,24 @@ class ModelRunner:
         self,
         batch: RunningBatch,
         tree: DraftTree,
+        levels: int,
         kv_len: int,
         sampling: SamplingParams,
         generator: torch.Generator,
     ) -> tuple[Emission, torch.Tensor]:
-        """Verify a draft tree [B, N] in one forward, commit the accepted path; returns (emission, accepted
-        [B]).
+        """Verify a draft tree [B, N] at most `levels` deep in one forward, commit the accepted path; returns
+        (emission, accepted [B]).
 
         The root's token is taken from the batch (the pending token) so the cache never sees a wrong root.
         """
         tokens = torch.cat([batch.pending[:, None], tree.tokens[:, 1:]], dim=1)  # [B, N]
         tree = DraftTree(tokens=tokens, parents=tree.parents, draft_probs=tree.draft_probs)
         positions = batch.cache_lens[:, None] + tree.depths()  # [B, N]
-        hidden, logits = self.lean.forward(
-            tokens, positions, self.cache, batch.cache_lens, tree_mask=tree.ancestor_mask(), kv_len=kv_len
+        hidden, logits = self._forward(
+            tokens, positions, batch.cache_lens, kv_len, tree_mask=tree.ancestor_mask()
         )  # [B, N, D], [B, N, V]
         if tree.draft_probs is None:
-            result = verify_tree(tree, logits, sampling, generator)
+            result = verify_tree(tree, logits, sampling, generator, num_levels=levels)
         else:  # a chain sampled from known q: row i of logits predicts chain node i + 1
             result = verify_chain_with_draft_probs(tree.tokens[:, 1:], tree.draft_probs, logits, sampling, generator)
         emitted, counts = emitted_tokens(tree, result)  # [B, K + 1], token j was predicted at node path[j]

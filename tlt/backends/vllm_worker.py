@@ -32,8 +32,11 @@ class TLTWorkerExtension:
         by the plain torch equivalent only when it gives a wrong answer.
         """
         import torch
+        from vllm.platforms import current_platform
         from vllm.v1.sample import rejection_sampler
 
+        if not current_platform.is_cpu():
+            return False  # on CUDA it is a Triton kernel that wants GPU tensors, and right
         x = torch.tensor([0.5, 2.0], dtype=torch.float32)
         cu = torch.tensor([2, 3], dtype=torch.int32)
         expected = torch.tensor([0.5, 0.5, 2.0])
@@ -63,8 +66,7 @@ class TLTWorkerExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload.inplace import reload_weights
 
-        drafter = getattr(self.model_runner, "drafter", None)
-        model = getattr(drafter, "model", None)
+        model = self.model_runner.get_draft_model()  # vllm 0.32: v1 and v2 runners; unwraps CUDA-graph wrappers
         if model is None:
             raise RuntimeError("this vLLM engine has no draft model (speculative method is not 'eagle')")
         state = load_file(weights_file)

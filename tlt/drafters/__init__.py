@@ -19,6 +19,7 @@ DRAFTERS = {
     "eagle": "tlt.drafters.eagle:EagleDrafter",
     "small_lm": "tlt.drafters.small_lm:SmallLMDrafter",
     "ngram": "tlt.drafters.ngram:NgramDrafter",
+    "suffix": "tlt.drafters.suffix:SuffixDrafter",
 }
 DRAFTER_JSON = "tlt_drafter.json"
 
@@ -52,11 +53,9 @@ def load_drafter(path: str | Path):
 
 
 def drafter_from_spec(spec: str):
-    """'ngram' (model-free prompt lookup) or a saved drafter folder of any kind."""
-    if spec == "ngram":
-        from tlt.drafters.ngram import NgramDrafter
-
-        return NgramDrafter()
+    """'ngram' (model-free prompt lookup), 'suffix' (model-free suffix trees) or a saved drafter folder."""
+    if spec in ("ngram", "suffix"):
+        return drafter_class(spec)()
     return load_drafter(spec)
 
 

@@ -26,9 +26,12 @@ class DrafterMismatchError(ValueError):
 
 
 class Drafter(ABC):
-    kind: str  # registry name: "eagle", "small_lm", "ngram"
+    kind: str  # registry name: "eagle", "small_lm", "ngram", "suffix"
     uses_target_hidden: bool  # whether append/start need the target's hidden states
     version: int | None = None  # policy version it was pushed to an engine with (tlt.training.weight_push)
+    # its state is what the engine feeds it (the suffix drafter's history), not trained weights: a push hands the
+    # engine this object itself, so the trainer's drafter (and its checkpoint) is the one that saw the rollouts
+    engine_owned: bool = False
 
     @abstractmethod
     def bind(self, target: torch.nn.Module) -> None:

@@ -8,7 +8,11 @@ parameter sets:
 - vLLM (`EagleLlamaForCausalLM`): fc without bias; q/k/v biases follow `qkv_bias`, the o_proj bias
   `attention_bias`. Load with `speculative_config={"method": "eagle", "model": folder}`.
 - SGLang (`LlamaForCausalLMEagle`): fc with a bias, one `attention_bias` for q/k/v and o_proj. The export
-  writes zero biases where tlt has none, so the function is the same. Load with
+  writes zero biases where tlt has none, so the function is the same, and names that class in
+  `architectures`: SGLang builds a draft model from the folder's `architectures[0]` and rewrites it only for
+  its NextN / MTP drafts, so a plain `LlamaForCausalLM` would load as a one-layer Llama with unmatched weights
+  (checked against sglang 0.5.23: `srt/models/llama_eagle.py` LlamaForCausalLMEagle and its `load_weights`,
+  which prefixes `model.`; `srt/configs/model_config.py`, the `is_draft_model` rewrites). Load with
   `--speculative-algorithm EAGLE --speculative-draft-model-path folder`.
 
 Both drop the first layer's input norm and apply no final norm, like `tlt.drafters.eagle_head`. The
@@ -28,6 +32,8 @@ from tlt.drafters import save_folder
 from tlt.drafters.eagle import EagleDrafter
 
 ENGINES = ("vllm", "sglang")
+# the class each engine builds the head as: vLLM maps a llama EAGLE draft to EagleLlamaForCausalLM itself
+ARCHITECTURES = {"vllm": "LlamaForCausalLM", "sglang": "LlamaForCausalLMEagle"}
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -72,7 +78,7 @@ def export_config(drafter: EagleDrafter, engine: str) -> dict:
     """config.json of the one-layer Llama both engines build the head from."""
     cfg = drafter.config
     config = {
-        "architectures": ["LlamaForCausalLM"],
+        "architectures": [ARCHITECTURES[engine]],
         "model_type": "llama",
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,

@@ -115,9 +115,16 @@ def _verify_sampled(
 
 
 def verify_tree(
-    tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    tree: DraftTree,
+    target_logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    num_levels: int | None = None,
 ) -> VerifyResult:
     """Verify a batch of draft trees against the target; lossless for any tree.
+
+    num_levels: how deep to walk, at least the trees' depth (the engine passes its strategy's, so no host sync
+    reads the depth); None: the trees' depth.
 
     target_logits: [B, N, V], row i is the target's prediction after node i (context = root path to node i).
     Greedy: follow the first child equal to its parent's argmax; bonus = argmax at the last accepted node.
@@ -131,7 +138,8 @@ def verify_tree(
     fixed before the coins were drawn, so by induction each emitted token follows the target given its prefix.
     """
     _check_tree_inputs(tree, target_logits)
-    num_levels = int(tree.depths().max())
+    if num_levels is None:
+        num_levels = int(tree.depths().max())
     if params.greedy:
         return _verify_greedy(tree, target_logits, num_levels)
     return _verify_sampled(tree, probs_from_logits(target_logits, params), num_levels, generator)

@@ -141,6 +141,7 @@ def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
     from tlt.drafters.eagle import EagleDrafter
     from tlt.drafters.ngram import NgramDrafter
     from tlt.drafters.small_lm import SmallLMDrafter
+    from tlt.drafters.suffix import SuffixDrafter
 
     d = cfg.drafter
     if d.path:
@@ -149,6 +150,7 @@ def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
         "eagle": lambda: EagleDrafter.from_target(target, seed=cfg.seed),
         "ngram": NgramDrafter,
         "small_lm": lambda: SmallLMDrafter.from_preset(d.small_lm_preset, target.config.vocab_size, cfg.seed),
+        "suffix": lambda: SuffixDrafter(history_tokens=d.history_tokens, history_responses=d.history_responses),
     }
     return fresh[d.kind]()
 

@@ -84,19 +84,24 @@ def _train_and_compare(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     steps = cfg.grpo.steps
     turn = cfg.train.compare_turn_steps or max(steps, 1)
     for end in [*range(turn, steps, turn), steps]:
-        summary = _train(_with_steps(cfg, end), reward_fn)
+        summary = _train(_stopping_after(cfg, end), reward_fn)
         if summary is None:  # a rank other than 0 under torchrun
             return None
         print(f"[tlt] steps to {end} with TLT off, for comparison: {base_cfg.output_dir}", flush=True)
-        _train(_with_steps(base_cfg, end), reward_fn)
+        _train(_stopping_after(base_cfg, end), reward_fn)
     result = compare(cfg, Path(cfg.output_dir), Path(base_cfg.output_dir))
     print(f"[tlt] {result.summary()}", flush=True)
     print(f"[tlt] comparison: {Path(cfg.output_dir) / 'speedup.md'}", flush=True)
     return summary | {"comparison": result.to_dict()}
 
 
-def _with_steps(cfg: RunConfig, steps: int) -> RunConfig:
-    return dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, steps=steps))
+def _stopping_after(cfg: RunConfig, step: int) -> RunConfig:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, stop_after=step))
+
+
+def last_step(cfg: RunConfig) -> int:
+    """The step this run stops after: train.stop_after when set, else grpo.steps."""
+    return min(cfg.train.stop_after or cfg.grpo.steps, cfg.grpo.steps)
 
 
 def _bootstrap_if_missing(cfg: RunConfig) -> None:
@@ -126,13 +131,13 @@ def _train(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     atomic_write_text(out / "config.yaml", to_yaml(cfg))
     log = MetricsLog(out, history, cfg.train.tensorboard)
     try:
-        while trainer.step_index < cfg.grpo.steps:
+        while trainer.step_index < last_step(cfg):
             metrics = trainer.step()
             history.append(metrics.to_dict())
             log.append(metrics)
             print(progress_line(metrics, cfg.grpo.steps), flush=True)
             step = trainer.step_index
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.grpo.steps:
+            if step % cfg.train.checkpoint_every == 0 or step == last_step(cfg):
                 save_checkpoint(out, trainer, history)
     finally:
         log.close()
@@ -231,14 +236,14 @@ def _rank_main(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
         atomic_write_text(out / "config.yaml", to_yaml(cfg))
         log = MetricsLog(out, history, cfg.train.tensorboard)
     try:
-        while trainer.step_index < cfg.grpo.steps:
+        while trainer.step_index < last_step(cfg):
             metrics = trainer.step()
             history.append(metrics.to_dict())
             if lead:
                 log.append(metrics)
                 print(progress_line(metrics, cfg.grpo.steps), flush=True)
             step = trainer.step_index
-            if step % cfg.train.checkpoint_every == 0 or step == cfg.grpo.steps:
+            if step % cfg.train.checkpoint_every == 0 or step == last_step(cfg):
                 save_distributed_checkpoint(out, trainer, history)
     finally:
         if log is not None:
@@ -278,8 +283,8 @@ def _start(
         return trainer, []
     trainer, history = load_checkpoint(folder, cfg, problems, reward_fn, device)
     print(f"[tlt] resuming {out} after step {trainer.step_index} (policy version {trainer.version})")
-    if trainer.step_index >= cfg.grpo.steps:
-        print(f"[tlt] the checkpoint already has {trainer.step_index} >= grpo.steps={cfg.grpo.steps} steps")
+    if trainer.step_index >= last_step(cfg):
+        print(f"[tlt] the checkpoint already has {trainer.step_index} >= {last_step(cfg)} steps")
     return trainer, history
 
 

@@ -38,9 +38,11 @@ def push(engine: RolloutEngine, policy_state: Mapping[str, torch.Tensor], drafte
     """
     try:
         engine.check_weights(policy_state)
-        candidate = drafter.clone()
-        _check_finite(candidate)
-        engine.check_drafter(candidate)  # binds and drafts once (native) or checks shapes (vLLM)
+        candidate = drafter if drafter.engine_owned else drafter.clone()
+        if candidate is not engine.drafter:
+            _check_finite(candidate)
+            # binds and drafts once (native) or checks shapes (vLLM); an engine-owned drafter's state stays clean
+            engine.check_drafter(candidate.clone() if drafter.engine_owned else candidate)
     except Exception as err:
         raise PushError(
             f"push of version {version} rejected, the engine keeps version {engine.weights_version}: {err}"

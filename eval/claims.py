@@ -1,0 +1,203 @@
+"""tlt's headline claims as one table, regenerated from the raw JSON committed under eval/results.
+
+Each row names its results file, the command that produced it, the machine, the number of runs and, where there
+are several, the median with the min-max spread. docs/claims.md is this script's output and nothing else
+(tests/test_claims.py regenerates it and compares), so a number can change only with its data.
+
+  python -m eval.claims            # rewrites docs/claims.md
+  python -m eval.claims --check    # exit 1 if docs/claims.md differs from what the data gives
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tlt.models.io import atomic_write_text
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = Path("eval/results")
+OUTPUT = Path("docs/claims.md")
+MAIN_JOB = [RESULTS / f"quickstart_deep_v1/interleaved_seed{s}/speedup.json" for s in range(3)]
+MAIN_JOB_CMD = "`make quickstart` (seed 0); `tlt train configs/quickstart.yaml seed=N output_dir=runs/qs-iN`"
+SD_BENCH = RESULTS / "bench_sd_deep_v1_amd.json"
+SD_BENCH_CMD = (
+    "`python -m eval.bench_sd --target tlt/assets/deep_v1/policy --eagle tlt/assets/deep_v1/drafter --no-ngram "
+    "--batch-sizes 1,4,16 --strategies 3_1_4,5_1_6 --temperatures 1.0 --max-new-tokens 64 --repeats 2`"
+)
+DRIFT = RESULTS / "drift_deep_v1_online_lr_1e-4.json"
+DRIFT_CMD = (
+    "`python -m eval.drift --steps 16 --temperature 1.0 --out DIR train.devices=1 scheduler.policy=between_steps "
+    "scheduler.between_steps_budget=2 drafter.online_lr=1e-4`"
+)
+ABLATION = RESULTS / "ablation_deep_v1"
+ABLATION_CMD = "`tlt sweep configs/ablation.yaml`"
+GRAPHS = RESULTS / "graphs_cpu/graphs.json"
+GRAPHS_CMD = (
+    "`python -m eval.bench_graphs --target tlt/assets/deep_v1/policy --drafter tlt/assets/deep_v1/drafter "
+    "--batches 1,4,16 --new-tokens 64 --rounds 3 --device cpu --out eval/results/graphs_cpu`"
+)
+
+
+@dataclass
+class Row:
+    claim: str
+    values: list[float]
+    unit: str  # "x", "%", "tokens" or ""
+    machine: str
+    command: str
+    source: Path
+
+    def cells(self, source_id: int) -> list[str]:
+        value = _fmt(statistics.median(self.values), self.unit)
+        spread = f"{_fmt(min(self.values), self.unit)} - {_fmt(max(self.values), self.unit)}"
+        runs = len(self.values)
+        return [self.claim, value, spread if runs > 1 else "-", str(runs), f"[{source_id}]"]
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "%":
+        return f"{value:.1%}"
+    return f"{value:.2f}{unit}"
+
+
+def _load(path: Path) -> dict:
+    return json.loads((ROOT / path).read_text())
+
+
+def _machine(data: dict) -> str:
+    m = data.get("machine") or {}
+    return m.get("gpu") or f"{m.get('cpu_model', '?')}, {m.get('logical_cores', '?')} cores"
+
+
+def main_job_rows() -> list[Row]:
+    runs = [_load(p) for p in MAIN_JOB if (ROOT / p).exists()]
+    if not runs:
+        return []
+    source = MAIN_JOB[0].parent.parent / "interleaved_seed*/speedup.json"
+    machine, cmd = _machine(runs[0]), MAIN_JOB_CMD
+
+    def row(claim, unit, get):
+        return Row(f"main job: {claim}", [get(r) for r in runs], unit, machine, cmd, source)
+
+    return [
+        row("whole run, TLT / TLT off", "x", lambda r: r["run_ratio"]),
+        row("rollout speedup s", "x", lambda r: r["run_rollout_speedup"]),
+        row("rollout share r of a baseline step", "%", lambda r: r["run_rollout_share"]),
+        row("Amdahl bound 1 / ((1 - r) + r / s)", "x", lambda r: r["run_amdahl_bound"]),
+        row("whole run / Amdahl bound", "", lambda r: r["run_ratio"] / r["run_amdahl_bound"]),
+        row("median step, TLT / TLT off", "x", lambda r: r["speedup"]),
+        row("tokens per verify (accepted + 1)", "", lambda r: r["tlt"]["accept_length"]),
+        row("held-out accuracy, TLT", "%", lambda r: r["tlt"]["heldout_accuracy"]),
+        row("held-out accuracy, TLT off", "%", lambda r: r["baseline"]["heldout_accuracy"]),
+    ]
+
+
+def sd_rows() -> list[Row]:
+    if not (ROOT / SD_BENCH).exists():
+        return []
+    data = _load(SD_BENCH)
+    return [
+        Row(
+            f"SD speedup per token at batch {b['batch_size']} ({b['drafter']} {b['strategy']}, T = {b['temperature']})",
+            [b["speedup"]],
+            "x",
+            _machine(data),
+            SD_BENCH_CMD,
+            SD_BENCH,
+        )
+        for b in data["best"]
+    ]
+
+
+def drift_rows() -> list[Row]:
+    if not (ROOT / DRIFT).exists():
+        return []
+    data = _load(DRIFT)
+    ratios = [r["adaptive"] / r["frozen"] for r in data["rows"] if r["frozen"]]
+    claim = "online drafter (lr 1e-4) / frozen drafter, tokens per verify, over the steps"
+    return [Row(claim, ratios, "x", _machine(data), DRIFT_CMD, DRIFT)]
+
+
+def ablation_rows() -> list[Row]:
+    """Rollout seconds of each cell against the baseline cell's, in the sweep's order (sweep.csv). The cells'
+    summaries record no machine: the sweep ran on the AMD EPYC VM (docs/results.md)."""
+    order = [line.split(",")[0] for line in (ROOT / ABLATION / "sweep.csv").read_text().splitlines()[1:]]
+    cells = {name: _load(ABLATION / name / "summary.json") for name in order}
+    base = cells.pop("baseline")["seconds"]["rollout"]
+    source = ABLATION / "*/summary.json"
+    return [
+        Row(
+            f"ablation: rollout, baseline / {name}",
+            [base / cell["seconds"]["rollout"]],
+            "x",
+            "AMD EPYC, 2 cores",
+            ABLATION_CMD,
+            source,
+        )  # fmt: skip
+        for name, cell in cells.items()
+    ]
+
+
+def graphs_rows() -> list[Row]:
+    if not (ROOT / GRAPHS).exists():
+        return []
+    data = _load(GRAPHS)
+    cells = data["cells"]
+    rows = []
+    for batch in data["settings"]["batches"]:
+        for mode in ("plain", "sd"):
+            eager, static = cells.get(f"{batch}/{mode}/eager"), cells.get(f"{batch}/{mode}/static")
+            if eager is not None:
+                ratios = [s / e for s, e in zip(static["rates"], eager["rates"], strict=True)]
+                claim = f"static-shape path / eager on CPU, batch {batch}, {mode} (tokens/s, per round)"
+                rows.append(Row(claim, ratios, "x", _machine(data), GRAPHS_CMD, GRAPHS))
+    return rows
+
+
+def render() -> str:
+    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + graphs_rows()
+    sources: dict[Path, int] = {}
+    for row in rows:
+        sources.setdefault(row.source, len(sources) + 1)
+    lines = [
+        "# Claims",
+        "",
+        "Written by `python -m eval.claims` from the JSON under `eval/results/` (do not edit by hand;",
+        "`tests/test_claims.py` checks it). Value: the median over the runs (seeds, rounds or steps, as the claim",
+        "says); spread: min - max. Numbers from different machines are not comparable. No GPU has run tlt yet, so",
+        "every row is a CPU measurement.",
+        "",
+        "| claim | value | spread | runs | data |",
+        "|---|---|---|---|---|",
+    ]
+    lines += ["| " + " | ".join(row.cells(sources[row.source])) + " |" for row in rows]
+    lines += ["", "Data, machine and command:", ""]
+    first = {row.source: row for row in reversed(rows)}
+    for path, number in sources.items():
+        lines.append(f"{number}. `{path}`: {first[path].machine}; {first[path].command}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if docs/claims.md is out of date")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        current = (ROOT / OUTPUT).read_text() if (ROOT / OUTPUT).exists() else ""
+        if current != text:
+            print(f"{OUTPUT} is out of date: run python -m eval.claims", file=sys.stderr)
+            return 1
+        return 0
+    atomic_write_text(ROOT / OUTPUT, text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The suffix drafter: what it indexes (prompt, own response, siblings as they grow, earlier calls), that every
+draft is a continuation that occurred, its bounds and eviction, greedy identity through the engine with drafts
+accepted, and that its history survives save / load and clone."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.drafters.engine_checks import GREEDY, AlwaysTuner, assert_same, plain
+from tests.tiny_model import random_target
+from tlt.backends.native import NativeEngine
+from tlt.drafters import load_drafter
+from tlt.drafters.suffix import SuffixDrafter
+from tlt.speculative.strategy import SpecStrategy
+
+CHAIN = SpecStrategy.parse("4_1_5")
+
+
+def _start(drafter: SuffixDrafter, prompts: list[list[int]]) -> None:
+    width = max(map(len, prompts))
+    tokens = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+    drafter.start(tokens, None, torch.tensor([len(p) for p in prompts]))
+
+
+def _append(drafter: SuffixDrafter, rows: list[list[int]]) -> None:
+    """Commit rows[b] to row b (all rows the same number of tokens)."""
+    tokens = torch.tensor(rows)
+    drafter.append(tokens, None, torch.full((len(rows),), tokens.shape[1]))
+
+
+def _chain(drafter: SuffixDrafter, strategy=CHAIN) -> list[list[int]]:
+    return [row[1:] for row in drafter.propose(strategy).tokens.tolist()]
+
+
+def test_drafts_from_the_prompt_and_the_rows_own_response():
+    d = SuffixDrafter()
+    _start(d, [[1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3, 4]])
+    assert _chain(d)[0][:3] == [5, 6, 7]  # (a) the prompt's continuation of "1 2 3 4" (as long as the match)
+    _append(d, [[20, 21, 22, 23, 24, 9, 20, 21, 22, 23]])
+    assert _chain(d)[0][:2] == [24, 9]  # (b) its own response, after "20 21 22 23"
+
+
+def test_drafts_from_a_sibling_as_it_grows_and_after_it_finished():
+    d = SuffixDrafter()
+    _start(d, [[7, 8], [7, 8]])  # one prompt, two samples
+    _append(d, [[20, 21, 22, 23], [30, 31, 32, 33]])
+    _append(d, [[24, 25, 26, 27], [20, 21, 22, 23]])  # row 1 now ends as row 0's response began
+    assert _chain(d)[1][:3] == [24, 25, 26]  # (c) continues as row 0 did
+    d.keep(torch.tensor([1]))  # row 0 finished
+    _append(d, [[24]])
+    assert _chain(d)[0][:3] == [25, 26, 27]  # a finished sibling's response stays visible
+
+
+def test_drafts_from_earlier_calls_on_the_same_prompt_only():
+    d = SuffixDrafter()
+    _start(d, [[1, 2, 3, 7, 8], [1, 2, 3, 5, 6]])
+    _append(d, [[40, 41, 42, 43], [50, 51, 52, 53]])
+    _start(d, [[1, 2, 3, 7, 8], [1, 2, 3, 5, 6]])  # the next step: the same prompts again
+    assert _chain(d)[0][:4] == [40, 41, 42, 43]  # (d) the earlier response to this prompt
+    assert _chain(d)[1][:4] == [50, 51, 52, 53]
+    _start(d, [[9, 9]])  # an unseen prompt: nothing earlier to draft from
+    assert d.rows[0].history.responses == {0: []}
+
+
+def _occurs(stream: list[int], context: list[int], draft: list[int]) -> bool:
+    """Whether some suffix of `context` (>= 1 token) followed by `draft` occurs contiguously in `stream`."""
+    for m in range(1, len(context) + 1):
+        pattern = context[-m:] + draft
+        if any(stream[i : i + len(pattern)] == pattern for i in range(len(stream) - len(pattern) + 1)):
+            return True
+    return False
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=3),  # prompts
+    st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=12),  # appended chunks
+)
+def test_every_draft_occurred_after_the_matched_context(prompts, chunks):
+    """Against a brute-force reference: the drafted path (before the filler) occurs in the row's own stream or
+    in a response to the same prompt, right after a suffix of the row's context."""
+    d = SuffixDrafter()
+    _start(d, prompts)
+    streams = [list(p) for p in prompts]
+    for chunk in chunks:
+        _append(d, [chunk] * len(prompts))
+        for stream in streams:
+            stream.extend(chunk)
+        for b, row in enumerate(d.propose(CHAIN).tokens.tolist()):
+            draft = row[1:]
+            root = row[0]
+            sources = [s for j, s in enumerate(streams) if prompts[j] == prompts[b]]  # prompt + response
+            real = next(draft[:k] for k in range(len(draft) + 1) if all(t == root for t in draft[k:]))
+            # (the filler, the root's token, pads the tail: the prefix before it is checked)
+            assert not real or any(_occurs(s, streams[b], real) for s in sources)
+
+
+def test_history_is_bounded_per_prompt_and_in_tokens_lru_first():
+    d = SuffixDrafter(history_tokens=16, history_responses=2)  # a stored response: 2 prompt tokens + its own
+    for step in range(3):
+        _start(d, [[1, 1]])
+        _append(d, [[10 + step] * 3])
+    _start(d, [[2, 2]])  # the third response of [1, 1] finishes: the oldest of the three goes
+    assert [h["responses"] for h in d.history()] == [[[11] * 3, [12] * 3], [[]]]
+    _append(d, [[5] * 4])  # stored: 10 + 6
+    _start(d, [[3, 3]])  # + 2 > 16: the least recently used prompt goes, not the running one
+    assert [h["prompt"] for h in d.history()] == [[2, 2], [3, 3]]
+
+
+def test_history_survives_save_load_and_clone(tmp_path):
+    d = SuffixDrafter(history_responses=4)
+    prompt = [1, 2, 3, 7, 8]
+    _start(d, [prompt, prompt])
+    _append(d, [[40, 41, 42], [43, 44, 45]])
+    d.save(tmp_path / "suffix")
+    for copy in (load_drafter(tmp_path / "suffix"), d.clone()):
+        assert copy.history() == d.history() and copy.config() == d.config()
+        _start(copy, [prompt])
+        assert _chain(copy)[0][:3] in ([40, 41, 42], [43, 44, 45])
+
+
+def test_a_corrupt_history_file_is_named(tmp_path):
+    SuffixDrafter().save(tmp_path / "s")
+    (tmp_path / "s" / "history.json").write_text('[{"prompt": [1]}]')
+    with pytest.raises(ValueError, match="history.json"):
+        load_drafter(tmp_path / "s")
+
+
+@pytest.mark.parametrize("strategy", ["3_1_4", "3_2_6"])
+def test_greedy_sd_is_plain_decoding_with_drafts_accepted(strategy):
+    """Greedy identity through the engine, rows sharing a prompt, a second call drafting from the first's."""
+    target = random_target(0.15)
+    prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [10, 11], [40]]
+    reference = plain(target, prompts=prompts)
+    tuner = AlwaysTuner(SpecStrategy.parse(strategy))
+    engine = NativeEngine(target, eos_token_id=None, max_seq_len=64, tuner=tuner, drafter=SuffixDrafter())
+    for _ in range(2):  # the second call has the first call's responses to the same prompts
+        rollouts = engine.generate(prompts, GREEDY)
+        assert_same(rollouts, reference)
+    assert sum(s.accepted_tokens for s in engine.step_stats) > 0
+
+
+def test_tlt_train_keeps_the_suffix_history_in_its_checkpoint_and_resumes_with_it(tmp_path):
+    """RL with drafter.kind=suffix: the engine drafts from the trainer's own drafter object, so the history
+    of every step is what the checkpoint saves; a resumed run starts from it."""
+    from tests.tiny_model import save_math_policy
+    from tests.training.test_train_cli import CONFIG
+    from tlt.cli import main
+
+    save_math_policy(tmp_path / "model")
+    config = tmp_path / "tlt.yaml"
+    config.write_text(CONFIG.format(model=tmp_path / "model"))
+    args = ["train", str(config), "drafter.kind=suffix", "scheduler.policy=never", "--output-dir", str(tmp_path / "rl")]
+    assert main([*args, "grpo.steps=2"]) == 0
+    saved = load_drafter(tmp_path / "rl" / "checkpoint" / "drafter")
+    history = saved.history()
+    assert sum(len(h["responses"]) for h in history) == 2 * 2 * 4  # 2 steps x 2 prompts x 4 samples
+    assert main([*args, "grpo.steps=3"]) == 0
+    resumed = load_drafter(tmp_path / "rl" / "checkpoint" / "drafter").history()
+    assert sum(len(h["responses"]) for h in resumed) == 3 * 2 * 4

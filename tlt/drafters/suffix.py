@@ -1,0 +1,265 @@
+"""Suffix drafting: model-free drafts from what was already written for the same prompt.
+
+In GRPO every prompt is sampled n times per step, and in multi-epoch RL it comes back step after step; the
+responses share long spans. This drafter matches the end of a row's context against suffix trees over
+
+  (a) the prompt, (b) the row's own response,
+  (c) the responses of the other rows of the same prompt in this generate() call, as they grow (running and
+      finished rows alike),
+  (d) earlier responses to the same prompt, from previous generate() calls (steps), kept across calls and
+      weight updates,
+
+and drafts the continuation the trees have seen most often (a chain, or a tree when topk > 1), as long as the
+match allows (the draft length follows the match length: at most `spec_factor` x the matched tokens), padded
+to the strategy's node count with filler the verifier rejects. Drafts are deterministic, so the engine verifies
+them with the target-only rule and SD stays lossless.
+
+The index is arctic-inference's C++ `SuffixTree` (the suffix trees of the suffix-decoding library vLLM uses;
+microseconds per row and step). Per distinct prompt (keyed by its token ids) two trees: one over the prompt (a),
+and one over its responses (b, c, d), each response stored after the prompt's last tokens, so that a new row
+matches earlier responses from its first decode step on (arctic's own `SuffixDecodingCache` keeps responses
+without their prompt, which a first step cannot match, and evicts only by count). A draft comes from the tree
+whose match scores higher. What is kept: per prompt at most `history_responses` finished responses (oldest out
+first; running ones are never evicted), over all prompts at most `history_tokens` stored tokens (least recently
+used prompt out first; the prompts of the running call stay). The store is saved with the drafter
+(`history.json`) and restored by `load`, so a resumed RL run keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from tlt.drafters import read_drafter_json, save_folder
+from tlt.drafters.base import Drafter
+from tlt.drafters.ngram import _Trie
+from tlt.speculative.strategy import SpecStrategy
+from tlt.speculative.tree import DraftTree
+
+INSTALL_HINT = (
+    "the suffix drafter needs arctic-inference 0.3.0 (C++ suffix trees): `make install` builds it from its sdist, "
+    "or `pip install nanobind==2.9.2 ninja cmake && pip install --no-build-isolation arctic-inference==0.3.0`"
+)
+HISTORY_FILE = "history.json"
+
+
+def suffix_tree_class():
+    """arctic-inference's SuffixTree, or an ImportError that says how to install it."""
+    try:
+        from arctic_inference.suffix_decoding._C import SuffixTree
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+    return SuffixTree
+
+
+class _PromptHistory:
+    """The index of one prompt: a tree over the prompt, a tree over its responses (each led by the prompt's last
+    `max_depth` tokens, one sequence per response), and the response tokens (to count, evict and save them)."""
+
+    def __init__(self, prompt: list[int], max_depth: int, max_responses: int):
+        tree = suffix_tree_class()
+        self.prompt, self.max_responses = prompt, max_responses
+        self.lead = prompt[-max_depth:]
+        self.prompt_tree, self.tree = tree(max_depth), tree(max_depth)
+        self.prompt_tree.extend(0, prompt)
+        self.responses: OrderedDict[int, list[int]] = OrderedDict()  # sequence id -> tokens, oldest first
+        self.running: set[int] = set()
+        self.next_id = 0
+
+    def start(self) -> int:
+        seq, self.next_id = self.next_id, self.next_id + 1
+        self.tree.extend(seq, self.lead)
+        self.responses[seq] = []
+        self.running.add(seq)
+        return seq
+
+    def add(self, seq: int, tokens: list[int]) -> None:
+        self.tree.extend(seq, tokens)
+        self.responses[seq].extend(tokens)
+
+    def finish(self, seq: int) -> None:
+        """The response is complete; the oldest finished ones beyond max_responses leave the index."""
+        self.running.discard(seq)
+        finished = [s for s in self.responses if s not in self.running]
+        for old in finished[: max(len(self.responses) - self.max_responses, 0)]:
+            self.tree.remove(old)
+            del self.responses[old]
+
+    def speculate(self, context: list[int], steps: int, factor: float, min_prob: float, tree: bool):
+        """The better-scoring draft of the two trees (arctic's `Draft`: token_ids, parents, score)."""
+        drafts = [t.speculate(context, steps, factor, 0.0, min_prob, tree) for t in (self.prompt_tree, self.tree)]
+        return max(drafts, key=lambda d: d.score)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens stored in the responses' tree."""
+        return sum(len(self.lead) + len(r) for r in self.responses.values())
+
+
+class _Row:
+    """A running row: its prompt's history, its sequence id there, and its context's last tokens."""
+
+    def __init__(self, history: _PromptHistory, request: int, context: list[int], max_depth: int):
+        self.history, self.request, self.max_depth = history, request, max_depth
+        self.context = context[-max_depth:]
+
+    def extend(self, tokens: list[int]) -> None:
+        self.history.add(self.request, tokens)
+        self.context = (self.context + tokens)[-self.max_depth :]
+
+
+class SuffixDrafter(Drafter):
+    """Suffix-tree drafter over the prompt, the row's response and the prompt's other and earlier responses.
+
+    Args:
+        history_tokens: response tokens kept over all prompts (least-recently-used prompt evicted first).
+        history_responses: responses kept per prompt (oldest evicted first).
+        max_depth: the suffix trees' depth (longest match and draft considered).
+        spec_factor: a draft is at most spec_factor x the matched length (and the strategy's steps) long.
+        min_token_prob: a drafted token must have followed the match at least this often (its share).
+    """
+
+    kind = "suffix"
+    uses_target_hidden = False
+    engine_owned = True  # its history is what the engine fed it
+
+    def __init__(
+        self,
+        history_tokens: int = 1_000_000,
+        history_responses: int = 64,
+        max_depth: int = 64,
+        spec_factor: float = 1.0,
+        min_token_prob: float = 0.1,
+    ):
+        if history_tokens < 0 or history_responses < 0 or max_depth < 1:
+            raise ValueError(
+                f"need history_tokens >= 0, history_responses >= 0, max_depth >= 1; got {history_tokens}, "
+                f"{history_responses}, {max_depth}"
+            )
+        suffix_tree_class()  # fail at construction, with the install hint, when arctic-inference is missing
+        self.history_tokens, self.history_responses, self.max_depth = history_tokens, history_responses, max_depth
+        self.spec_factor, self.min_token_prob = spec_factor, min_token_prob
+        self.histories: OrderedDict[tuple[int, ...], _PromptHistory] = OrderedDict()  # least recently used first
+        self.rows: list[_Row] = []
+        self.device = torch.device("cpu")
+
+    def bind(self, target: torch.nn.Module) -> None:
+        self.device = next(target.parameters()).device
+
+    def start(self, tokens: torch.Tensor, hidden: torch.Tensor | None, lengths: torch.Tensor) -> None:
+        self._stop_rows()
+        self.rows = []
+        for prompt, n in zip(tokens.tolist(), lengths.tolist(), strict=True):
+            history = self._history(prompt[:n])
+            self.rows.append(_Row(history, history.start(), prompt[:n], self.max_depth))
+        self._evict(keep={row.history for row in self.rows})
+
+    def _history(self, prompt: list[int]) -> _PromptHistory:
+        key = tuple(prompt)
+        if key not in self.histories:
+            self.histories[key] = _PromptHistory(prompt, self.max_depth, self.history_responses)
+        self.histories.move_to_end(key)
+        return self.histories[key]
+
+    def _evict(self, keep: set) -> None:
+        """Drop least-recently-used prompts (not in `keep`) until the responses fit history_tokens."""
+        total = sum(h.tokens for h in self.histories.values())
+        for key in list(self.histories):
+            if total <= self.history_tokens:
+                return
+            if self.histories[key] not in keep:
+                total -= self.histories.pop(key).tokens
+
+    def _stop_rows(self, rows: list[_Row] | None = None) -> None:
+        for row in self.rows if rows is None else rows:
+            row.history.finish(row.request)
+
+    def append(self, tokens: torch.Tensor, prev_hidden: torch.Tensor | None, counts: torch.Tensor) -> None:
+        for row, new, n in zip(self.rows, tokens.tolist(), counts.tolist(), strict=True):
+            row.extend(new[:n])
+
+    def keep(self, rows: torch.Tensor) -> None:
+        kept = rows.tolist()
+        dropped = set(range(len(self.rows))) - set(kept)
+        self._stop_rows([self.rows[r] for r in dropped])  # their responses stay in the prompt's history
+        self.rows = [self.rows[r] for r in kept]
+
+    def propose(self, strategy: SpecStrategy) -> DraftTree:
+        trees = [self._row_tree(row, strategy) for row in self.rows]
+        return DraftTree(
+            tokens=torch.tensor([t.tokens for t in trees], device=self.device),  # [B, N]
+            parents=torch.tensor([t.parents for t in trees], device=self.device),  # [B, N]
+        )
+
+    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> _Trie:
+        draft = row.history.speculate(
+            row.context, strategy.steps, self.spec_factor, self.min_token_prob, strategy.topk > 1
+        )
+        trie = _Trie(row.context[-1], strategy)
+        paths: list[list[int]] = []
+        for token, parent in zip(draft.token_ids, draft.parents, strict=True):  # topological: parents first
+            paths.append((paths[parent] if parent >= 0 else []) + [token])
+            trie.insert(paths[-1])
+        trie.pad(row.context[-1])
+        return trie
+
+    def clone(self) -> SuffixDrafter:
+        """A copy with the same settings and history store (the C++ trees are rebuilt, not deep-copied)."""
+        twin = type(self)(**self.config())
+        twin.restore(self.history())
+        twin.device = self.device
+        return twin
+
+    # ---- persistence -------------------------------------------------------------------------------------
+
+    def config(self) -> dict:
+        return {
+            "history_tokens": self.history_tokens,
+            "history_responses": self.history_responses,
+            "max_depth": self.max_depth,
+            "spec_factor": self.spec_factor,
+            "min_token_prob": self.min_token_prob,
+        }
+
+    def history(self) -> list[dict]:
+        """The store, least recently used prompt first: each prompt and its cached responses, oldest first."""
+        return [{"prompt": h.prompt, "responses": list(h.responses.values())} for h in self.histories.values()]
+
+    def restore(self, history: list[dict]) -> None:
+        """Rebuild the store from `history()` (the running rows are dropped)."""
+        self.rows, self.histories = [], OrderedDict()
+        for i, entry in enumerate(history):
+            if not isinstance(entry, dict) or not {"prompt", "responses"} <= set(entry):
+                raise ValueError(f"suffix drafter history entry {i}: expected {{'prompt': [...], 'responses': [...]}}")
+            prompt_history = self._history([int(t) for t in entry["prompt"]])
+            for response in entry["responses"]:
+                seq = prompt_history.start()
+                prompt_history.add(seq, [int(t) for t in response])
+                prompt_history.finish(seq)
+        self._evict(keep=set())
+
+    def save(self, path: str | Path) -> None:
+        """The config (`tlt_drafter.json`) and the history store (`history.json`), atomically."""
+        history = self.history()
+
+        def fill(folder: Path) -> None:
+            (folder / HISTORY_FILE).write_text(json.dumps(history))
+
+        save_folder(path, fill, {"kind": self.kind, **self.config()})
+
+    @classmethod
+    def load(cls, path: str | Path) -> SuffixDrafter:
+        payload = read_drafter_json(path)
+        if payload.pop("kind") != cls.kind:
+            raise ValueError(f"{path} holds another kind of drafter, not {cls.kind!r}")
+        drafter = cls(**payload)
+        history = Path(path) / HISTORY_FILE
+        if history.is_file():
+            try:
+                drafter.restore(json.loads(history.read_text()))
+            except (json.JSONDecodeError, ValueError) as e:
+                raise ValueError(f"{history}: not a suffix drafter history ({e})") from e
+        return drafter
