@@ -42,6 +42,8 @@ def _args(argv):
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--strategy", default="6_1_7", help="chain drafted every step (default 6_1_7)")
     parser.add_argument("--seeds", default="1,2", help="the two passes' sampling seeds")
+    parser.add_argument("--spec-factor", type=float, default=1.0, help="SuffixDrafter spec_factor")
+    parser.add_argument("--min-token-prob", type=float, default=0.1, help="SuffixDrafter min_token_prob")
     parser.add_argument("--out", required=True)
     return parser.parse_args(argv)
 
@@ -117,7 +119,8 @@ def run(args) -> dict:
     prompts = _prompts(tokenizer, args.prompts)
     engine = NativeEngine(model, tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens)
     strategy = SpecStrategy.parse(args.strategy)
-    drafters = {"suffix": SuffixDrafter(), "ngram": NgramDrafter()}
+    suffix = SuffixDrafter(spec_factor=args.spec_factor, min_token_prob=args.min_token_prob)
+    drafters = {"suffix": suffix, "ngram": NgramDrafter()}
     passes = []
     for number, seed in enumerate(int(s) for s in args.seeds.split(",")):
         sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=seed)

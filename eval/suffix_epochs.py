@@ -1,0 +1,96 @@
+"""Per-epoch report of a multi-epoch suffix-drafter sweep (`tlt sweep configs/suffix_epochs.yaml`).
+
+Reads each cell's per-step metrics (`<cell>/checkpoint/metrics.json`) and tabulates, per epoch of the fixed prompt
+pool (steps_per_epoch = data.train_size / rollout.prompts_per_step), the summed rollout seconds, the tokens per
+verify (accepted + 1, mean over the epoch's steps) and the share of tokens decoded speculatively, with each
+cell's rollout speedup over the first cell (plain decoding) in the same epoch. Writes epochs.json (the raw data
+it read) and epochs.md next to the sweep.
+
+  python -m eval.suffix_epochs runs/suffix-epochs --out eval/results/suffix_epochs_deep_v1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from tlt.config import load_config
+from tlt.machine import describe_machine
+from tlt.models.io import atomic_write_json, atomic_write_text
+
+KEYS = ("step", "rollout_seconds", "accept_length", "sd_token_share", "response_len_mean")
+
+
+def read_sweep(sweep: Path) -> dict:
+    """{cell: {"steps_per_epoch", "metrics": [...]}} in sweep.csv order."""
+    order = [line.split(",")[0] for line in (sweep / "sweep.csv").read_text().splitlines()[1:]]
+    cells = {}
+    for name in order:
+        cfg = load_config(sweep / name / "config.yaml", [])
+        metrics = json.loads((sweep / name / "checkpoint" / "metrics.json").read_text())
+        per_epoch = max(cfg.data.train_size // cfg.rollout.prompts_per_step, 1)
+        cells[name] = {"steps_per_epoch": per_epoch, "metrics": [{k: m[k] for k in KEYS} for m in metrics]}
+    return cells
+
+
+def epochs(cell: dict) -> list[dict]:
+    per = cell["steps_per_epoch"]
+    groups: dict[int, list[dict]] = {}
+    for m in cell["metrics"]:
+        groups.setdefault(m["step"] // per, []).append(m)
+    return [
+        {
+            "epoch": e + 1,
+            "rollout_seconds": sum(m["rollout_seconds"] for m in ms),
+            "accept_length": statistics.fmean(m["accept_length"] for m in ms),
+            "sd_token_share": statistics.fmean(m["sd_token_share"] for m in ms),
+        }
+        for e, ms in sorted(groups.items())
+    ]
+
+
+def table(data: dict) -> str:
+    cells = data["cells"]
+    names = list(cells)
+    base = {e["epoch"]: e["rollout_seconds"] for e in epochs(cells[names[0]])}
+    lines = [
+        "# Suffix drafter over epochs of a fixed prompt pool",
+        "",
+        f"`tlt sweep configs/suffix_epochs.yaml` (cells one after another, not interleaved), then "
+        f"`python -m eval.suffix_epochs`; machine {data['machine'].get('cpu_model')}. Per epoch: summed rollout "
+        f"seconds, mean tokens per verify (accepted + 1) and SD share of tokens over its steps, and the rollout "
+        f"speedup over `{names[0]}` in the same epoch.",
+        "",
+        "| cell | epoch | rollout s | tokens per verify | SD share | rollout speedup |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for e in epochs(cells[name]):
+            speedup = base[e["epoch"]] / e["rollout_seconds"]
+            lines.append(
+                f"| {name} | {e['epoch']} | {e['rollout_seconds']:.1f} | {e['accept_length']:.2f} | "
+                f"{e['sd_token_share']:.0%} | {speedup:.2f}x |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep", help="the sweep's output folder")
+    parser.add_argument("--out", required=True, help="folder for epochs.json and epochs.md")
+    args = parser.parse_args(argv)
+    data = {"machine": describe_machine(), "sweep": args.sweep, "cells": read_sweep(Path(args.sweep))}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "epochs.json", data)
+    text = table(data)
+    atomic_write_text(out / "epochs.md", text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
