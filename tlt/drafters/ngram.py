@@ -93,6 +93,16 @@ class _Trie:
                 child = self._add(node, token)
             node = child
 
+    def attach(self, parent: int, token: int) -> int | None:
+        """Add `token` under node `parent` (its existing child of that token if any); None when the tree is full,
+        the parent holds topk children or sits at the strategy's depth."""
+        child = self.children[parent].get(token)
+        if child is not None:
+            return child
+        if self.full or self.num_children[parent] >= self.strategy.topk or self.depths[parent] >= self.strategy.steps:
+            return None
+        return self._add(parent, token)
+
     def pad(self, filler: int) -> None:
         """Fill up to verify_tokens nodes, breadth first (a depth-steps top-k tree always has room)."""
         while not self.full:

@@ -188,23 +188,25 @@ class SuffixDrafter(Drafter):
         self.rows = [self.rows[r] for r in kept]
 
     def propose(self, strategy: SpecStrategy) -> DraftTree:
-        trees = [self._row_tree(row, strategy) for row in self.rows]
-        return DraftTree(
-            tokens=torch.tensor([t.tokens for t in trees], device=self.device),  # [B, N]
-            parents=torch.tensor([t.parents for t in trees], device=self.device),  # [B, N]
-        )
+        rows = [self._row_tree(row, strategy) for row in self.rows]
+        both = torch.tensor([[tokens for tokens, _ in rows], [parents for _, parents in rows]], device=self.device)
+        return DraftTree(tokens=both[0], parents=both[1])  # [B, N] each, from one host-to-tensor copy
 
-    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> _Trie:
+    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> tuple[list[int], list[int]]:
+        """(tokens, parents) of the row's draft: arctic's chain or tree, cut to the strategy, then filler."""
         draft = row.history.speculate(
             row.context, strategy.steps, self.spec_factor, self.min_token_prob, strategy.topk > 1
         )
-        trie = _Trie(row.context[-1], strategy)
-        paths: list[list[int]] = []
+        root, N = row.context[-1], strategy.verify_tokens
+        if strategy.topk == 1:  # a chain: no tree bookkeeping
+            tokens = [root, *draft.token_ids[: strategy.steps]][:N]
+            return tokens + [root] * (N - len(tokens)), list(range(-1, N - 1))
+        trie, nodes = _Trie(root, strategy), []
         for token, parent in zip(draft.token_ids, draft.parents, strict=True):  # topological: parents first
-            paths.append((paths[parent] if parent >= 0 else []) + [token])
-            trie.insert(paths[-1])
-        trie.pad(row.context[-1])
-        return trie
+            under = 0 if parent < 0 else nodes[parent]
+            nodes.append(None if under is None else trie.attach(under, token))
+        trie.pad(root)
+        return trie.tokens, trie.parents
 
     def clone(self) -> SuffixDrafter:
         """A copy with the same settings and history store (the C++ trees are rebuilt, not deep-copied)."""
