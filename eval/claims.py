@@ -36,6 +36,8 @@ DRIFT_CMD = (
 )
 ABLATION = RESULTS / "ablation_deep_v1"
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml`"
+SUFFIX = RESULTS / "suffix_deep_v1/suffix.json"
+SUFFIX_CMD = "`python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8`"
 GRAPHS = RESULTS / "graphs_cpu/graphs.json"
 GRAPHS_CMD = (
     "`python -m eval.bench_graphs --target tlt/assets/deep_v1/policy --drafter tlt/assets/deep_v1/drafter "
@@ -143,6 +145,19 @@ def ablation_rows() -> list[Row]:
     ]
 
 
+def suffix_rows() -> list[Row]:
+    if not (ROOT / SUFFIX).exists():
+        return []
+    data = _load(SUFFIX)
+    rows = []
+    for number, p in enumerate(data["passes"], 1):
+        when = "prompts new to it" if number == 1 else "the same prompts a step later"
+        for name in ("suffix", "ngram"):
+            claim = f"{name} drafter, tokens per verify at T = 1, {when}"
+            rows.append(Row(claim, [p[name]["tokens_per_verify"]], "", _machine(data), SUFFIX_CMD, SUFFIX))
+    return rows
+
+
 def graphs_rows() -> list[Row]:
     if not (ROOT / GRAPHS).exists():
         return []
@@ -160,7 +175,7 @@ def graphs_rows() -> list[Row]:
 
 
 def render() -> str:
-    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + graphs_rows()
+    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows() + graphs_rows()
     sources: dict[Path, int] = {}
     for row in rows:
         sources.setdefault(row.source, len(sources) + 1)

@@ -2,9 +2,9 @@
 
 Reads each cell's per-step metrics (`<cell>/checkpoint/metrics.json`) and tabulates, per epoch of the fixed prompt
 pool (steps_per_epoch = data.train_size / rollout.prompts_per_step), the summed rollout seconds, the tokens per
-verify (accepted + 1, mean over the epoch's steps) and the share of tokens decoded speculatively, with each
-cell's rollout speedup over the first cell (plain decoding) in the same epoch. Writes epochs.json (the raw data
-it read) and epochs.md next to the sweep.
+verify (accepted + 1, mean over the epoch's steps that decoded speculatively) and the share of tokens decoded
+speculatively, with each cell's rollout speedup over the first cell (plain decoding) in the same epoch. Writes
+epochs.json (the raw data it read) and epochs.md.
 
   python -m eval.suffix_epochs runs/suffix-epochs --out eval/results/suffix_epochs_deep_v1
 """
@@ -45,7 +45,7 @@ def epochs(cell: dict) -> list[dict]:
         {
             "epoch": e + 1,
             "rollout_seconds": sum(m["rollout_seconds"] for m in ms),
-            "accept_length": statistics.fmean(m["accept_length"] for m in ms),
+            "accept_length": statistics.fmean([m["accept_length"] for m in ms if m["accept_length"] > 0] or [0.0]),
             "sd_token_share": statistics.fmean(m["sd_token_share"] for m in ms),
         }
         for e, ms in sorted(groups.items())
@@ -61,8 +61,8 @@ def table(data: dict) -> str:
         "",
         f"`tlt sweep configs/suffix_epochs.yaml` (cells one after another, not interleaved), then "
         f"`python -m eval.suffix_epochs`; machine {data['machine'].get('cpu_model')}. Per epoch: summed rollout "
-        f"seconds, mean tokens per verify (accepted + 1) and SD share of tokens over its steps, and the rollout "
-        f"speedup over `{names[0]}` in the same epoch.",
+        f"seconds, mean tokens per verify (accepted + 1, over its steps with SD) and SD share of tokens, and the "
+        f"rollout speedup over `{names[0]}` in the same epoch.",
         "",
         "| cell | epoch | rollout s | tokens per verify | SD share | rollout speedup |",
         "|---|---|---|---|---|---|",
