@@ -164,6 +164,7 @@ class EagleDrafter(Drafter):
         self.k = torch.zeros(shape, dtype=dtype, device=tokens.device)
         self.v = torch.zeros_like(self.k)
         self.cache_lens = torch.zeros(U, dtype=torch.long, device=tokens.device)
+        self.max_len = 0
         self.feature = torch.zeros(U, cfg.hidden_size, dtype=dtype, device=tokens.device)
         if T > 1:
             self._consume(tokens[:, 1:], hidden[:, :-1], lengths - 1)
@@ -173,7 +174,7 @@ class EagleDrafter(Drafter):
     def _consume(self, tokens: torch.Tensor, hidden: torch.Tensor, counts: torch.Tensor) -> None:
         """Append pairs tokens[b, :counts[b]] ([B, Q], hidden [B, Q, D]) to the cache; keep the last h'."""
         B, Q = tokens.shape
-        kv_len = int(self.cache_lens.max()) + Q
+        kv_len = int(self.cache_lens.max()) + Q  # the proposal's one host read
         self._reserve(kv_len)
         positions = self.cache_lens[:, None] + torch.arange(Q, device=tokens.device)  # [B, Q]
         mask = attention_mask(self.cache_lens, Q, kv_len, None)  # [B, 1, Q, S] causal
@@ -182,6 +183,7 @@ class EagleDrafter(Drafter):
         has_pairs = (counts > 0)[:, None]
         self.feature = torch.where(has_pairs, out[torch.arange(B, device=out.device), last], self.feature)
         self.cache_lens = self.cache_lens + counts
+        self.max_len = kv_len  # >= max(cache_lens): drafting sizes its masks from it without reading the device
 
     def _forward(self, tokens, hidden, positions, mask, offset: int = 0) -> torch.Tensor:
         """Head forward of Q new queries per row ([B, Q]) written at cache slots cache_lens + offset + q."""
@@ -225,7 +227,7 @@ class EagleDrafter(Drafter):
         K = strategy.topk
         B, D = self.feature.shape
         beam = _Beam.root(self._log_probs(self.feature[:, None]), K)  # depth-1 candidates
-        max_len = int(self.cache_lens.max())
+        max_len = self.max_len
         self._reserve(max_len + K * (depth - 1))
         fed_total = K * (depth - 1)  # level l feeds its K frontier nodes as fed nodes K * (l - 1) + slot
         ancestors = torch.zeros(B, fed_total, fed_total, dtype=torch.bool, device=self.k.device)
@@ -253,10 +255,10 @@ class EagleDrafter(Drafter):
         """
         token, q = self._pick(self.feature, sample)  # [B]
         tokens, probs, feature = [self.last_token, token], [q], self.feature
-        self._reserve(int(self.cache_lens.max()) + depth - 1)
+        self._reserve(self.max_len + depth - 1)
         for level in range(1, depth):
             lens = self.cache_lens + level - 1  # [B] the node's slot; the earlier draft slots are its ancestors
-            mask = attention_mask(lens, 1, int(lens.max()) + 1, None)
+            mask = attention_mask(lens, 1, self.max_len + level, None)  # slots past a row's own are masked
             feature = self._forward(token[:, None], feature[:, None], lens[:, None], mask, offset=level - 1)[:, 0]
             token, q = self._pick(feature, sample)
             tokens.append(token)
