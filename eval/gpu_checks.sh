@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The GPU checks in one short run, sized for the device tool (one command of at most 10 minutes, 15 minutes of
-# device time per session): the steps' own time limits add up to 390 s.
+# device time per session): the steps' own time limits add up to 380 s (20 + 30 + 90 + 90 + 150).
 #   0. environment and the carried policy: torch / transformers versions, the asset's files against its card's
 #      sha256 (fails at once, with one line, if the working tree did not bring them),
 #   1. pytest -m gpu: the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA, and the
 #      static-shape path captured as CUDA graphs against the CPU reference,
-#   2. eval.bench_graphs: the native engine eager vs CUDA graphs at batch 1-64, plain and SD (EAGLE, 4_1_5), on the
-#      main job's 12-layer policy and its drafter (tlt/assets/deep_v1, in the repository),
-#   3. the main job on the GPU, one process: TLT vs TLT off, 8 GRPO steps each (graphs on when step 2 matched the
+#   2. eval.bench_graphs: the native engine eager vs CUDA graphs at batch 1, 4, 16, 64, plain and SD (EAGLE,
+#      4_1_5), on the main job's 12-layer policy and its drafter (tlt/assets/deep_v1, in the repository),
+#   3. the main job on the GPU, one process: TLT vs TLT off, 6 GRPO steps each (graphs on when step 2 matched the
 #      eager tokens), whole-run and rollout ratios with r and the Amdahl bound,
 #   then one summary table (summary.md).
 #
@@ -25,7 +25,7 @@ mkdir -p "$OUT"
 if [ "${QUICK:-0}" = 1 ]; then
   BATCHES=1,4; NEW=16; ROUNDS=1; STEPS=1; HELDOUT=4; TRAIN_ARGS=(rollout.max_new_tokens=32 rollout.max_seq_len=192 rollout.prompts_per_step=2 rollout.samples_per_prompt=2)
 else
-  BATCHES=1,2,4,8,16,32,64; NEW=128; ROUNDS=3; STEPS=8; HELDOUT=128; TRAIN_ARGS=()
+  BATCHES=1,4,16,64; NEW=64; ROUNDS=3; STEPS=6; HELDOUT=64; TRAIN_ARGS=()
 fi
 
 if [ -d .whl ] && [ "${NO_WHEELS:-0}" != 1 ]; then
@@ -40,10 +40,10 @@ status=0
 log "0/3 environment and the carried policy"
 {
   nvidia-smi -L 2>/dev/null || echo "no nvidia-smi"
-  timeout 60 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
+  timeout 20 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
 } 2>&1 | tee -a "$OUT/steps.log"
-if ! timeout 60 "$PY" -c "from tlt.assets import verify; verify('deep_v1')" >>"$OUT/steps.log" 2>&1; then
+if ! timeout 30 "$PY" -c "from tlt.assets import verify; verify('deep_v1')" >>"$OUT/steps.log" 2>&1; then
   log "FAILED: tlt/assets/deep_v1 is missing or does not match its card (did the working tree travel whole?)"
   tail -n 3 "$OUT/steps.log"
   exit 2
@@ -58,7 +58,7 @@ tail -n 15 "$OUT/tests.log"
 TARGET=tlt/assets/deep_v1/policy; DRAFTER=tlt/assets/deep_v1/drafter
 log "2/3 native engine eager vs static shapes / CUDA graphs on $TARGET (batches $BATCHES, $ROUNDS rounds)"
 GRAPHS=false
-if timeout 120 "$PY" -m eval.bench_graphs --device "$DEVICE" --target "$TARGET" --drafter "$DRAFTER" \
+if timeout 90 "$PY" -m eval.bench_graphs --device "$DEVICE" --target "$TARGET" --drafter "$DRAFTER" \
   --batches "$BATCHES" --new-tokens "$NEW" --rounds "$ROUNDS" --out "$OUT" >"$OUT/graphs.log" 2>&1; then
   GRAPHS=true
 else
@@ -68,7 +68,7 @@ tail -n 20 "$OUT/graphs.log"
 
 log "3/3 the main job, TLT vs TLT off, $STEPS GRPO steps each, one process, rollout.cuda_graphs=$GRAPHS"
 rm -rf /tmp/tlt-qs
-timeout 120 "$PY" -m tlt.cli train configs/quickstart.yaml train.device="$DEVICE" train.devices=1 \
+timeout 150 "$PY" -m tlt.cli train configs/quickstart.yaml train.device="$DEVICE" train.devices=1 \
   grpo.steps="$STEPS" train.compare_turn_steps="$STEPS" train.heldout_eval="$HELDOUT" train.tensorboard=false \
   rollout.cuda_graphs="$GRAPHS" "${TRAIN_ARGS[@]}" --output-dir /tmp/tlt-qs >"$OUT/train.log" 2>&1 || status=1
 cp /tmp/tlt-qs/speedup.md "$OUT"/ 2>/dev/null
