@@ -30,7 +30,7 @@ import torch
 
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
-from tlt.models.io import atomic_save_figure
+from tlt.files import atomic_save_figure
 from tlt.schedulers.tuners import FixedTuner, OffTuner, build_tuner
 
 REFERENCE_BUCKETS = (1, 4, 20, 32)  # SD only at <= 32 running sequences, as the reference
@@ -193,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     from tlt.data.splits import task_mix, training_problems
     from tlt.drafters import load_drafter
     from tlt.drafters.ngram import NgramDrafter
+    from tlt.files import atomic_write_json, atomic_write_text
     from tlt.machine import describe_machine
-    from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
+    from tlt.models.io import load_hf_folder
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", required=True, help="HF folder of the base policy")

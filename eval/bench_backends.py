@@ -35,8 +35,8 @@ import torch  # noqa: E402
 
 from eval.train_runs import train_metrics  # noqa: E402
 from tlt.backends.base import SamplingParams  # noqa: E402
+from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
-from tlt.models.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 SETUPS = ("native-plain", "native-sd", "native-adaptive", "vllm-plain", "vllm-sd", "vllm-ngram")
 

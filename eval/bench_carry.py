@@ -71,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     from tlt.data.splits import task_mix, training_problems
     from tlt.drafters import load_drafter
     from tlt.drafters.eagle import EagleDrafter
+    from tlt.files import atomic_write_text
     from tlt.machine import describe_machine
-    from tlt.models.io import atomic_write_text, load_hf_folder
+    from tlt.models.io import load_hf_folder
     from tlt.schedulers.tuners import build_tuner
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

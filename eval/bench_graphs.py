@@ -27,8 +27,9 @@ import torch
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
+from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners import FixedTuner
 
 ARMS = ("eager", "static")

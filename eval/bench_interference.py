@@ -28,8 +28,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
-from tlt.models.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 
 def held_out_prompts(target: str, count: int, seed: int) -> list[list[int]]:

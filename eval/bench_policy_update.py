@@ -37,8 +37,9 @@ from tlt.config import DataConfig, GRPOConfig
 from tlt.data.prompts import format_prompt
 from tlt.data.rewards import math_rewards
 from tlt.data.splits import task_mix, training_problems
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
+from tlt.models.io import load_hf_folder
 from tlt.training.grpo import (
     GRPOBatch,
     GRPOModule,

@@ -38,8 +38,8 @@ from eval.sd_render import markdown, plot_speedup
 from eval.sd_report import best_rows, peer_rows, sd_rows
 from eval.sd_runs import CellResult, Workload, load_workload, measure_cell
 from eval.sd_settings import HF_ASSISTANT, BenchSettings, Cell, plan_cells
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text
 from tlt.speculative.strategy import SpecStrategy
 
 ROOT = Path(__file__).resolve().parents[1]

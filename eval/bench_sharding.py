@@ -30,8 +30,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tlt.config import GRPOConfig
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text
 from tlt.models.presets import build_model
 from tlt.training.data_parallel import rows_by_length, update_policy_sharded
 from tlt.training.fsdp import ShardedPolicy

@@ -28,8 +28,8 @@ import sys
 from pathlib import Path
 
 from eval.train_runs import train_metrics
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text
 
 POLICIES = ("never", "spot", "between_steps")
 PARTS = ("rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds")

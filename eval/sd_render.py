@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tlt.models.io import atomic_save_figure
+from tlt.files import atomic_save_figure
 
 NOTES = [
     "Speedup = SD tokens/s over plain native tokens/s on the same prompts, batch size and temperature, "

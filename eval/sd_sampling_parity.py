@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tlt.models.io import atomic_write_text
+from tlt.files import atomic_write_text
 
 
 @dataclass

@@ -24,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tlt.models.io import atomic_write_json, atomic_write_text
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.training.compare import (
     amdahl_bound,
     format_percent,

@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from tlt.config import load_config
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_write_json, atomic_write_text
 
 KEYS = ("step", "rollout_seconds", "accept_length", "sd_token_share", "response_len_mean")
 

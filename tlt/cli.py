@@ -50,7 +50,8 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from tlt.data.splits import heldout_problems, task_mix
     from tlt.evaluation import evaluate
-    from tlt.models.io import atomic_write_json, load_hf_folder
+    from tlt.files import atomic_write_json
+    from tlt.models.io import load_hf_folder
 
     cfg = _config(args, args.overrides)
     model, tokenizer = load_hf_folder(args.model)

@@ -6,7 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tlt.evaluation_lm import DecodeTotals
-from tlt.models.io import atomic_write_json, atomic_write_text
+from tlt.files import atomic_write_json, atomic_write_text
 from tlt.parity import ParityReport
 from tlt.parity_stats import PairedComparison, verdict
 

@@ -1,41 +1,35 @@
-"""Statistics for paired 0/1 scores of two models on the same problems: Wilson intervals and exact McNemar.
+"""Statistics for paired 0/1 scores of two models on the same problems: Wilson intervals and exact McNemar,
+both from scipy.stats.binomtest (scipy comes with the `eval` extra, as lm-eval needs it).
 
-Pure Python (no torch, no scipy), so the parity report can be checked by hand.
 Wilson: E. B. Wilson (1927), https://doi.org/10.1080/01621459.1927.10502953.
-McNemar exact: the discordant pairs are Binomial(b + c, 1/2) under "no difference"; the two-sided p-value
-doubles the smaller tail (capped at 1), as scipy.stats.binomtest does for p = 1/2.
+McNemar exact: the discordant pairs are Binomial(b + c, 1/2) under "no difference"; two-sided binomial test.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from fractions import Fraction
-
-Z95 = 1.959963984540054  # standard normal quantile at 0.975
 
 
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion `successes / n` (95% for the default z)."""
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion `successes / n`."""
+    from scipy.stats import binomtest
+
     if n < 1 or not 0 <= successes <= n:
         raise ValueError(f"wilson_interval needs 0 <= successes <= n and n >= 1, got {successes}/{n}")
-    p = successes / n
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z / (1 + z2 / n) * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return ci.low, ci.high
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
     """Two-sided exact McNemar p-value from the discordant counts (A right / B wrong, and the reverse)."""
+    from scipy.stats import binomtest
+
     if only_a < 0 or only_b < 0:
         raise ValueError(f"discordant counts must be >= 0, got {only_a}, {only_b}")
-    n = only_a + only_b
-    if n == 0:
+    if only_a + only_b == 0:
         return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1))  # P(X <= min) * 2^n
-    return float(min(Fraction(1), Fraction(2 * tail, 2**n)))
+    return float(binomtest(only_a, only_a + only_b, 0.5).pvalue)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 import yaml
 
 from tlt.config import ConfigError, RunConfig, load_config
-from tlt.models.io import atomic_save_figure, atomic_write_text
+from tlt.files import atomic_save_figure, atomic_write_text
 
 SUMMARY_FIELDS = (
     "devices",

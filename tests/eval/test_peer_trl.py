@@ -86,20 +86,24 @@ def _report():
 
 
 def test_ratios_pair_arms_within_a_round():
-    ratios = round_ratios(_report())[1]
-    assert ratios["engine and loop: TRL generate / tlt TLT off"] == [7.0 / 2.0, 12.0 / 3.0]
-    assert ratios["method: tlt TLT off / TLT on"] == [2.0, 1.5]
-    assert ratios["total: TRL generate / tlt TLT on"] == [7.0, 6.0]
-    assert not any("cb" in name for name in ratios)  # a failed arm has no ratio
-    arms = summarize(_report())["arms"]
+    medians = round_ratios(_report(), "median")[1]
+    assert medians["engine and loop: TRL generate / tlt TLT off"] == [7.0 / 2.0, 12.0 / 3.0]
+    assert medians["method: tlt TLT off / TLT on"] == [2.0, 1.5]
+    assert medians["total: TRL generate / tlt TLT on"] == [7.0, 6.0]
+    assert not any("cb" in name for name in medians)  # a failed arm has no ratio
+    totals = round_ratios(_report())[1]  # the measured steps' seconds summed: the long tail counts
+    assert totals["engine and loop: TRL generate / tlt TLT off"] == [21.0 / 6.0, 36.0 / 9.0]
+    assert totals["method: tlt TLT off / TLT on"] == [2.0, 9.0 / 4.0]
+    arms = summarize(_report())["median"]["arms"]
     assert arms["tlt-on/1"] == {"median": 1.5, "min": 1.0, "max": 2.0, "n": 2}
 
 
 def test_render_names_failed_arms_and_rerenders_from_json(tmp_path):
     report = _report() | {"machine": {"cpu_model": "x"}}
     text = render(report)
-    assert "| 1 | trl-cb | did not run: round 1: exit 1 | 0 |" in text
-    assert "| 1 | total: TRL generate / tlt TLT on | 6.50x (6.00-7.00) |" in text
+    assert "| 1 | trl-cb | did not run: round 1: exit 1 | | 0 |" in text
+    assert "| 1 | total: TRL generate / tlt TLT on | 8.00x (7.00-9.00) | 6.50x (6.00-7.00) |" in text
+    assert "| 1 | method: tlt TLT off / TLT on | 2.12x (2.00-2.25) | 1.75x (1.50-2.00) |" in text
     (tmp_path / "peer_trl.json").write_text(json.dumps(report))
     assert main(["--render", str(tmp_path)]) == 0
     assert (tmp_path / "peer_trl.md").read_text() == text

@@ -2,7 +2,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tlt.models.io import atomic_save_figure, load_hf_folder, save_hf_folder
+from tlt.files import atomic_save_figure
+from tlt.models.io import load_hf_folder, save_hf_folder
 from tlt.models.presets import PRESETS, build_model, count_parameters, preset_from_name
 from tlt.models.tokenizer import train_tokenizer
 

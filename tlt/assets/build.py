@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 from tlt.assets import CARD, ROOT, files, sha256
-from tlt.models.io import atomic_write_json
+from tlt.files import atomic_folder, atomic_write_json
 
 CHECK_STRATEGY = "4_1_5"  # the drafter check's SD strategy (as `tlt train-drafter`'s)
 
@@ -76,8 +73,7 @@ def build(run: Path, name: str, commands: list[str], heldout: int, quick: int, c
     start = time.perf_counter()
     bootstrap = json_file(run / "card.json")
     data, max_new = bootstrap["data"], 768
-    tmp = Path(tempfile.mkdtemp(dir=ROOT, prefix=f".{name}."))
-    try:
+    with atomic_folder(ROOT / name) as tmp:
         store(run, tmp)
         full = heldout_report(tmp / "policy", data, heldout, max_new)
         first = heldout_report(tmp / "policy", data, quick, max_new)
@@ -100,13 +96,6 @@ def build(run: Path, name: str, commands: list[str], heldout: int, quick: int, c
         }
         card["files"] = {rel: sha256(tmp / rel) for rel in files(tmp)}
         atomic_write_json(tmp / CARD, card)
-        os.chmod(tmp, 0o755)
-        target = ROOT / name
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return card
 
 

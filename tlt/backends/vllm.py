@@ -51,6 +51,7 @@ from tlt.backends.base import (
     import_optional,
 )
 from tlt.drafters.base import Drafter, DrafterMismatchError
+from tlt.files import atomic_folder
 from tlt.speculative.strategy import SpecStrategy
 
 CAPABILITIES = Capabilities(
@@ -307,14 +308,9 @@ class VLLMEngine:
             k: v.detach().to("cpu", copy=True).contiguous() for k, v in state_dict.items() if k in self.target.shapes
         }
         folder = self.work_dir / "policy"
-        tmp = Path(tempfile.mkdtemp(dir=self.work_dir, prefix=".policy."))
-        try:
+        with atomic_folder(folder) as tmp:
             save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             shutil.copy(self.model_path / "config.json", tmp / "config.json")
-            shutil.rmtree(folder, ignore_errors=True)
-            os.replace(tmp, folder)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         self.llm.collective_rpc("tlt_reload_policy", args=(str(folder),))
         self.llm.reset_prefix_cache()
         self.weights_version = version
@@ -349,15 +345,13 @@ class VLLMEngine:
         reload fails, the previous drafter's weights are reloaded and the error re-raised."""
         self.check_drafter(drafter)
         if drafter is not None and drafter.kind == "eagle" and drafter is not self.drafter:
-            staged = self.work_dir / "drafter-next"
-            self._export(drafter, staged)
-            try:
-                self.llm.collective_rpc("tlt_reload_drafter", args=(str(staged / "model.safetensors"),))
-            except Exception:
-                self.llm.collective_rpc("tlt_reload_drafter", args=(str(self._draft_folder / "model.safetensors"),))
-                raise
-            shutil.rmtree(self._draft_folder, ignore_errors=True)
-            os.replace(staged, self._draft_folder)
+            with atomic_folder(self._draft_folder) as staged:  # replaces the folder once the reload succeeded
+                self._export(drafter, staged)
+                try:
+                    self.llm.collective_rpc("tlt_reload_drafter", args=(str(staged / "model.safetensors"),))
+                except Exception:
+                    self.llm.collective_rpc("tlt_reload_drafter", args=(str(self._draft_folder / "model.safetensors"),))
+                    raise
         self.drafter = drafter
 
     @staticmethod

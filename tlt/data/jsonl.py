@@ -9,9 +9,7 @@ them when present (lm-eval ignores them).
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -19,6 +17,7 @@ from typing import Literal
 from tlt.data.rewards import extract_boxed
 from tlt.data.solutions import final_line
 from tlt.data.tasks import MathProblem
+from tlt.files import atomic_write_text
 
 Format = Literal["gsm8k", "math"]
 
@@ -155,12 +154,4 @@ def write_jsonl(problems: list[MathProblem], path: str | Path, fmt: Format = "gs
     """Write `problems` as GSM8K- or MATH-format JSONL, atomically (temp file in the folder, then replace)."""
     path = Path(path)
     lines = [json.dumps(to_record(p, fmt), ensure_ascii=False) + "\n" for p in problems]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, "".join(lines))

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from tlt.files import atomic_folder
 
 DRAFTERS = {
     "eagle": "tlt.drafters.eagle:EagleDrafter",
@@ -60,21 +59,8 @@ def drafter_from_spec(spec: str):
 
 
 def save_folder(path: str | Path, fill: Callable[[Path], None], meta: dict) -> Path:
-    """Write a drafter folder atomically: `fill(tmp)` plus `tlt_drafter.json` in a temporary sibling, then a
-    rename over `path` (readers see the old folder or the new one, never a half-written one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-    try:
+    """Write a drafter folder atomically (tlt.files.atomic_folder): `fill(tmp)` plus `tlt_drafter.json`."""
+    with atomic_folder(path) as tmp:
         fill(tmp)
         (tmp / DRAFTER_JSON).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
-        if path.exists():
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
-            os.replace(path, old / "folder")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return path
+    return Path(path)

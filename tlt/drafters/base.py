@@ -18,7 +18,8 @@ from tlt.speculative.strategy import SpecStrategy
 from tlt.speculative.tree import DraftTree
 
 if TYPE_CHECKING:
-    from tlt.backends.base import SamplingParams
+    from tlt.config import DrafterConfig
+    from tlt.speculative.sampling import SamplingParams
 
 
 class DrafterMismatchError(ValueError):
@@ -83,6 +84,12 @@ class Drafter(ABC):
     @abstractmethod
     def save(self, path: str | Path) -> None:
         """Write the drafter (weights + config) to a folder, atomically."""
+
+    @classmethod
+    def from_config(cls, cfg: DrafterConfig, target: torch.nn.Module, seed: int = 0) -> Drafter:
+        """A fresh drafter for `target` from the run config's drafter section (`tlt train` without
+        drafter.path). Model-free drafters take their settings; trained ones start untrained."""
+        return cls()
 
     def clone(self) -> Drafter:
         """An independent copy of the drafter's own weights (bind it before use); training the original

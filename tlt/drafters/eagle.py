@@ -59,6 +59,10 @@ class EagleDrafter(Drafter):
         self.appends = 0  # append() calls buffered since the last flush: flush_every bounds them
 
     @classmethod
+    def from_config(cls, cfg, target: torch.nn.Module, seed: int = 0) -> EagleDrafter:
+        return cls.from_target(target, seed=seed)
+
+    @classmethod
     def from_target(cls, target: torch.nn.Module, seed: int = 0) -> EagleDrafter:
         """An untrained head shaped like one of the target's layers, deterministic for a seed, bound to it."""
         with torch.random.fork_rng(devices=[]):

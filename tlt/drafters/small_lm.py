@@ -41,6 +41,10 @@ class SmallLMDrafter(Drafter):
         self.cache: KVCache | None = None
 
     @classmethod
+    def from_config(cls, cfg, target: torch.nn.Module, seed: int = 0) -> SmallLMDrafter:
+        return cls.from_preset(cfg.small_lm_preset, target.config.vocab_size, seed)
+
+    @classmethod
     def from_preset(cls, preset: str, vocab_size: int, seed: int = 0) -> SmallLMDrafter:
         return cls(build_model(preset, vocab_size, seed=seed))
 

@@ -126,6 +126,10 @@ class SuffixDrafter(Drafter):
     uses_target_hidden = False
     engine_owned = True  # its history is what the engine fed it
 
+    @classmethod
+    def from_config(cls, cfg, target, seed: int = 0) -> SuffixDrafter:
+        return cls(history_tokens=cfg.history_tokens, history_responses=cfg.history_responses)
+
     def __init__(
         self,
         history_tokens: int = 1_000_000,

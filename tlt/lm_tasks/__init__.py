@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tlt.data.jsonl import Format
-from tlt.models.io import atomic_write_text
+from tlt.files import atomic_write_text
 
 TASK_FORMATS: dict[str, Format] = {"tlt_gsm8k_local": "gsm8k", "tlt_math_local": "math"}
 _HERE = Path(__file__).resolve().parent

@@ -8,9 +8,34 @@ set is always exactly defined.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from tlt.backends.base import SamplingParams
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. temperature == 0 means greedy (top_p / top_k are then ignored)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus mass in (0, 1]
+    top_k: int = 0  # 0 disables top-k
+    max_new_tokens: int = 256
+    seed: int | None = None  # seeds the engine's torch.Generator for this call
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
 
 
 def _greedy_logits(logits: torch.Tensor) -> torch.Tensor:

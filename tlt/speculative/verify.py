@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from tlt.backends.base import SamplingParams
-from tlt.speculative.sampling import probs_from_logits, sample_tokens
+from tlt.speculative.sampling import SamplingParams, probs_from_logits, sample_tokens
 from tlt.speculative.tree import DraftTree, VerifyResult
 
 

@@ -24,8 +24,9 @@ from tlt.data.prompts import format_prompt, format_response
 from tlt.data.splits import heldout_problems, task_mix, training_problems
 from tlt.data.tasks import GYM_FAMILIES
 from tlt.evaluation import evaluate
+from tlt.files import atomic_write_json
 from tlt.machine import resolve_precision
-from tlt.models.io import atomic_write_json, save_hf_folder
+from tlt.models.io import save_hf_folder
 from tlt.models.presets import build_model, count_parameters
 from tlt.models.tokenizer import train_tokenizer
 from tlt.training.progress import ProgressLines

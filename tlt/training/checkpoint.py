@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from tlt.config import ConfigError, RunConfig, load_config, to_yaml
+from tlt.files import atomic_folder
 from tlt.models.io import load_hf_folder, save_hf_folder
 from tlt.training.rl_loop import RewardFn, RLTrainer
 
@@ -84,8 +83,7 @@ def save_checkpoint(
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(f".{CHECKPOINT}.tmp.*"):  # left by a crash during an earlier save
         shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=f".{CHECKPOINT}.tmp."))
-    try:
+    with atomic_folder(out / CHECKPOINT) as tmp:
         save_hf_folder(trainer.policy, trainer.tokenizer, tmp / "policy")
         if trainer.drafter is not None:
             trainer.drafter.save(tmp / "drafter")
@@ -100,19 +98,7 @@ def save_checkpoint(
         if ranks is not None:
             meta["world_size"] = len(ranks)
         (tmp / META).write_text(json.dumps(meta) + "\n")
-        _swap_in(tmp, out / CHECKPOINT)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out / CHECKPOINT
-
-
-def _swap_in(new: Path, path: Path) -> None:
-    old = path.with_name(f"{path.name}.old")
-    if path.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(path, old)
-    os.replace(new, path)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def config_changes(saved: RunConfig, cfg: RunConfig) -> list[str]:

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from tlt.config import RunConfig
+from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
-from tlt.models.io import atomic_save_figure, atomic_write_json, atomic_write_text
 
 PARTS = ("rollout", "train", "drafter", "push")
 

@@ -291,27 +291,28 @@ class DistributedRLTrainer(RLTrainer):
         gap = ((share.batch.old_logprobs - share.batch.sampler_logprobs).abs() * mask).sum().item()
         ok = spot is not None and spot.error is None
         in_idle = ok and self.spot.scheduler.policy is Policy.SPOT  # spot: every micro-step is in idle time
-        part = {
-            "lengths": [r.token_ids.numel() for r in share.rollouts],
-            "rewards": share.rewards.tolist(),
-            "reward_errors": share.reward_errors,
-            "truncated": sum(r.finish_reason is FinishReason.LENGTH for r in share.rollouts),
-            "decode": share.decode,
-            "timeline": share.timeline,
-            "gap": [gap, mask.sum().item()],
-            "generate": share.generate_seconds,
-            "local": share.local_seconds,
-            "after_share": reconciled - share.end,
-            "update": update_end - reconciled,
-            "push": push_end - update_end,
-            "drafter_steps": spot.weights[self.rank] if spot is not None else 0,
-            "losses": list(self.recorder.losses) if ok else [],
-            "spot_steps": spot.stats.micro_steps if in_idle else 0,
-            "idle": idle,
-            "idle_train": spot.stats.train_seconds if in_idle else 0.0,
-            "buffer": 0 if self.buffer is None else len(self.buffer),
-        }
-        parts: list[dict] = [{} for _ in range(self.world_size)]
+        part = RankPart(
+            lengths=[r.token_ids.numel() for r in share.rollouts],
+            rewards=share.rewards.tolist(),
+            reward_errors=share.reward_errors,
+            truncated=sum(r.finish_reason is FinishReason.LENGTH for r in share.rollouts),
+            decode=share.decode,
+            timeline=share.timeline,
+            gap=gap,
+            gap_tokens=mask.sum().item(),
+            generate=share.generate_seconds,
+            local=share.local_seconds,
+            after_share=reconciled - share.end,
+            update=update_end - reconciled,
+            push=push_end - update_end,
+            drafter_steps=spot.weights[self.rank] if spot is not None else 0,
+            losses=list(self.recorder.losses) if ok else [],
+            spot_steps=spot.stats.micro_steps if in_idle else 0,
+            idle=idle,
+            idle_train=spot.stats.train_seconds if in_idle else 0.0,
+            buffer=0 if self.buffer is None else len(self.buffer),
+        )
+        parts: list[RankPart | None] = [None] * self.world_size
         dist.all_gather_object(parts, part)
         metrics = self._checkpoint_drafter(combine(parts, self.step_index, self.version, update))
         self.step_index += 1
@@ -384,42 +385,67 @@ def check_world(cfg: RunConfig, world_size: int) -> None:
         )
 
 
-def combine(parts: list[dict], step: int, version: int, update: UpdateStats) -> StepMetrics:
+@dataclass
+class RankPart:
+    """What one rank contributes to a step's metrics (gathered from every rank, then `combine`d)."""
+
+    lengths: list[int]  # response tokens per rollout of its share
+    rewards: list[float]
+    reward_errors: int
+    truncated: int  # rollouts that hit the length limit
+    decode: list[float]  # `_decode_sums` of its decode steps
+    timeline: list  # `rl_loop.decode_timeline` of its rollout
+    gap: float  # summed |pi_old - sampler| log-prob gap over its loss tokens
+    gap_tokens: float
+    generate: float  # seconds: its rollout share
+    local: float  # its local work on the share (rewards, pi_old, buffer)
+    after_share: float  # from the end of its share to the reconciliation (waiting or training the drafter)
+    update: float  # the collective policy update
+    push: float
+    drafter_steps: int
+    losses: list[float]  # its drafter micro-step losses
+    spot_steps: int  # micro-steps in idle time
+    idle: float
+    idle_train: float  # of the idle seconds, those spent in drafter micro-steps
+    buffer: int  # drafter-buffer samples
+
+
+def combine(parts: list[RankPart], step: int, version: int, update: UpdateStats) -> StepMetrics:
     """The step's `StepMetrics` from every rank's part (module doc: what each field means over ranks)."""
-    lengths = [n for p in parts for n in p["lengths"]]
-    rewards = torch.tensor([r for p in parts for r in p["rewards"]])
-    decode = [sum(p["decode"][i] for p in parts) for i in range(4)]
-    gap, gap_tokens = (sum(p["gap"][i] for p in parts) for i in range(2))
-    losses = [x for p in parts for x in p["losses"]]
+    lengths = [n for p in parts for n in p.lengths]
+    rewards = torch.tensor([r for p in parts for r in p.rewards])
+    decode = [sum(p.decode[i] for p in parts) for i in range(4)]
+    gap, gap_tokens = sum(p.gap for p in parts), sum(p.gap_tokens for p in parts)
+    losses = [x for p in parts for x in p.losses]
     stats = LengthStats.of(lengths)
-    slowest = max(parts, key=lambda p: p["generate"])
+    slowest = max(parts, key=lambda p: p.generate)
     return StepMetrics(
         step=step,
         version=version,
         num_samples=len(lengths),
         reward_mean=rewards.mean().item(),
-        reward_errors=sum(p["reward_errors"] for p in parts),
+        reward_errors=sum(p.reward_errors for p in parts),
         accuracy=(rewards >= 1).float().mean().item(),
         response_len_mean=stats.mean,
         response_len_p50=stats.p50,
         response_len_p90=stats.p90,
         response_len_max=stats.max,
-        truncated=sum(p["truncated"] for p in parts) / len(lengths),
-        rollout_seconds=max(p["generate"] for p in parts),
-        train_seconds=max(p["local"] for p in parts) + max(p["update"] for p in parts),
-        drafter_seconds=min(p["after_share"] for p in parts),
-        push_seconds=max(p["push"] for p in parts),
+        truncated=sum(p.truncated for p in parts) / len(lengths),
+        rollout_seconds=max(p.generate for p in parts),
+        train_seconds=max(p.local for p in parts) + max(p.update for p in parts),
+        drafter_seconds=min(p.after_share for p in parts),
+        push_seconds=max(p.push for p in parts),
         accept_length=decode[0] / decode[1] if decode[1] else 0.0,
         sd_token_share=decode[2] / decode[3] if decode[3] else 0.0,
         **asdict(update),
         logprob_gap=gap / max(gap_tokens, 1),
-        drafter_steps=sum(p["drafter_steps"] for p in parts),
+        drafter_steps=sum(p.drafter_steps for p in parts),
         drafter_loss=sum(losses) / len(losses) if losses else None,
-        buffer_samples=sum(p["buffer"] for p in parts),
-        spot_steps=sum(p["spot_steps"] for p in parts),
-        idle_seconds=sum(p["idle"] for p in parts),
-        idle_train_seconds=sum(p["idle_train"] for p in parts),
-        timeline=slowest["timeline"],
+        buffer_samples=sum(p.buffer for p in parts),
+        spot_steps=sum(p.spot_steps for p in parts),
+        idle_seconds=sum(p.idle for p in parts),
+        idle_train_seconds=sum(p.idle_train for p in parts),
+        timeline=slowest.timeline,
     )
 
 

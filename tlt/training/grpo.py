@@ -338,14 +338,6 @@ class GRPOModule(L.LightningModule):
         policy_loss = token_mean(pg.detach(), mask)
         return GRPOLoss(token_mean(per_token, mask), policy_loss, kl, entropy, clip_fraction)
 
-    def training_step(self, batch: GRPOBatch, batch_idx: int) -> torch.Tensor:
-        out = self.loss(batch)
-        self.log_dict(
-            {"loss": out.loss, "kl": out.kl, "entropy": out.entropy, "clip_fraction": out.clip_fraction},
-            batch_size=batch.size,
-        )
-        return out.loss
-
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.AdamW(self.policy.parameters(), lr=self.cfg.lr, weight_decay=self.cfg.weight_decay)
 

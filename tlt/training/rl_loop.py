@@ -137,22 +137,11 @@ class ProblemSampler:
 
 def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
     """The drafter to start from: the saved one at drafter.path, else a fresh one of drafter.kind."""
-    from tlt.drafters import load_drafter
-    from tlt.drafters.eagle import EagleDrafter
-    from tlt.drafters.ngram import NgramDrafter
-    from tlt.drafters.small_lm import SmallLMDrafter
-    from tlt.drafters.suffix import SuffixDrafter
+    from tlt.drafters import drafter_class, load_drafter
 
-    d = cfg.drafter
-    if d.path:
-        return load_drafter(d.path)
-    fresh: dict[str, Callable[[], Drafter]] = {
-        "eagle": lambda: EagleDrafter.from_target(target, seed=cfg.seed),
-        "ngram": NgramDrafter,
-        "small_lm": lambda: SmallLMDrafter.from_preset(d.small_lm_preset, target.config.vocab_size, cfg.seed),
-        "suffix": lambda: SuffixDrafter(history_tokens=d.history_tokens, history_responses=d.history_responses),
-    }
-    return fresh[d.kind]()
+    if cfg.drafter.path:
+        return load_drafter(cfg.drafter.path)
+    return drafter_class(cfg.drafter.kind).from_config(cfg.drafter, target, cfg.seed)
 
 
 def check_rl_config(cfg: RunConfig) -> None:

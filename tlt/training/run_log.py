@@ -7,7 +7,7 @@ import io
 from dataclasses import fields
 from pathlib import Path
 
-from tlt.models.io import atomic_save_figure, atomic_write_text
+from tlt.files import atomic_save_figure, atomic_write_text
 from tlt.training.rl_loop import StepMetrics
 
 COLUMNS = [f.name for f in fields(StepMetrics) if f.name != "timeline"]  # the scalars

@@ -44,7 +44,8 @@ import torch
 from tlt.config import ConfigError, RunConfig, to_yaml
 from tlt.data.rewards import math_rewards
 from tlt.data.splits import rl_problems
-from tlt.models.io import atomic_write_json, atomic_write_text, load_hf_folder
+from tlt.files import atomic_write_json, atomic_write_text
+from tlt.models.io import load_hf_folder
 from tlt.training.checkpoint import (
     check_world_size,
     config_changes,

@@ -1,0 +1,28 @@
+"""tlt.files: a failed write leaves the old file or folder as it was and no temporary behind."""
+
+import pytest
+
+from tlt.files import atomic_folder, atomic_write_json, atomic_write_text
+
+
+def test_a_folder_is_replaced_only_when_its_block_succeeds(tmp_path):
+    target = tmp_path / "ckpt"
+    with atomic_folder(target) as tmp:
+        (tmp / "a.txt").write_text("v1")
+    with pytest.raises(RuntimeError), atomic_folder(target) as tmp:
+        (tmp / "a.txt").write_text("half")
+        raise RuntimeError("crash while writing")
+    assert (target / "a.txt").read_text() == "v1"
+    with atomic_folder(target) as tmp:
+        (tmp / "b.txt").write_text("v2")
+    assert sorted(p.name for p in target.iterdir()) == ["b.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]  # no temporary or old folder left
+
+
+def test_a_file_keeps_its_old_content_when_the_write_fails(tmp_path):
+    path = tmp_path / "report" / "r.json"
+    atomic_write_json(path, {"a": 1})
+    with pytest.raises(TypeError):
+        atomic_write_text(path, None)
+    assert path.read_text() == '{\n  "a": 1\n}\n' and [p.name for p in path.parent.iterdir()] == ["r.json"]
+    assert oct(path.stat().st_mode)[-3:] == "644"

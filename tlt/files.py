@@ -1,0 +1,71 @@
+"""Atomic writes: a reader sees the old file (or folder) or the new one, never a half-written one.
+
+Each write goes to a temporary sibling first (same folder, so the final `os.replace` is a rename on one file
+system) and is renamed over the target only once complete; a failure leaves the target as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+@contextmanager
+def atomic_file(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A temporary sibling of `path` to write; renamed over `path` (world-readable) when the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; reports and cards are for everyone to read
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_file(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_json(path: str | Path, payload: object) -> None:
+    atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
+
+
+def atomic_save_figure(fig, path: str | Path, dpi: int = 120) -> None:
+    """Save a matplotlib figure as PNG, atomically; closes it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_file(path, suffix=".tmp.png") as tmp:
+            fig.savefig(tmp, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+
+
+@contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """A temporary sibling folder of `path` to fill; when the block succeeds it replaces `path` (the old folder,
+    if any, is moved aside first and removed after). On failure the temporary folder goes and `path` stays."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp."))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old."))
+            os.replace(path, old / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
