@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tlt.files import atomic_write_text
+from tlt.files import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("eval/results")
@@ -220,15 +220,10 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/claims.md is out of date")
     args = parser.parse_args(argv)
     text = render()
-    if args.check:
-        current = (ROOT / OUTPUT).read_text() if (ROOT / OUTPUT).exists() else ""
-        if current != text:
-            print(f"{OUTPUT} is out of date: run python -m eval.claims", file=sys.stderr)
-            return 1
-        return 0
-    atomic_write_text(ROOT / OUTPUT, text)
-    print(text)
-    return 0
+    status = write_or_check(ROOT / OUTPUT, text, args.check, "python -m eval.claims")
+    if not args.check:
+        print(text)
+    return status
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ documents it in the source (the field's trailing comment and the comment lines r
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import io
 import sys
@@ -19,17 +20,19 @@ from pathlib import Path
 
 import tlt.config
 from tlt.config import RunConfig
-from tlt.files import atomic_write_text
+from tlt.files import write_or_check
 
 OUTPUT = Path(__file__).resolve().parents[1] / "docs" / "config.md"
 
 
+SOURCE = Path(tlt.config.__file__).read_text()
+
+
 def source_comments() -> tuple[dict[int, str], dict[int, str]]:
     """tlt/config.py's comments by line: those after code on their line, and those alone on theirs."""
-    source = Path(tlt.config.__file__).read_text()
     trailing, alone = {}, {}
-    lines = source.splitlines()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+    lines = SOURCE.splitlines()
+    for tok in tokenize.generate_tokens(io.StringIO(SOURCE).readline):
         if tok.type == tokenize.COMMENT:
             line = tok.start[0]
             text = tok.string.lstrip("#").strip()
@@ -37,19 +40,10 @@ def source_comments() -> tuple[dict[int, str], dict[int, str]]:
     return trailing, alone
 
 
-def field_lines(cls: type) -> dict[str, int]:
-    """Line in tlt/config.py of each field's definition in `cls`."""
-    source = Path(tlt.config.__file__).read_text().splitlines()
-    start = next(i for i, line in enumerate(source) if line.startswith(f"class {cls.__name__}"))
-    found = {}
-    for i in range(start + 1, len(source)):
-        line = source[i]
-        if line and not line.startswith(" "):
-            break
-        name = line.strip().split(":", 1)[0]
-        if line.startswith("    ") and not line.startswith("     ") and name.isidentifier() and ":" in line:
-            found.setdefault(name, i + 1)
-    return found
+def field_lines() -> dict[str, dict[str, int]]:
+    """Per class of tlt/config.py, the line of each field's definition."""
+    classes = [node for node in ast.parse(SOURCE).body if isinstance(node, ast.ClassDef)]
+    return {c.name: {f.target.id: f.lineno for f in c.body if isinstance(f, ast.AnnAssign)} for c in classes}
 
 
 def describe(line: int, trailing: dict[int, str], alone: dict[int, str]) -> str:
@@ -71,6 +65,7 @@ def _type(f: dataclasses.Field) -> str:
 
 def render() -> str:
     trailing, alone = source_comments()
+    lines_of = field_lines()
     lines = [
         "# Configuration reference",
         "",
@@ -86,7 +81,7 @@ def render() -> str:
             cls = type(_default(f))
             sections.append((f.name, f"{f.name}.", cls, dataclasses.fields(cls)))
     for title, prefix, cls, fields in sections:
-        where = field_lines(cls)
+        where = lines_of[cls.__name__]
         lines += [f"## {title}", "", "| key | type | default | meaning |", "|---|---|---|---|"]
         for f in fields:
             meaning = describe(where[f.name], trailing, alone).replace("|", "\\|")
@@ -99,16 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--check", action="store_true", help="exit 1 if docs/config.md is out of date")
     args = p.parse_args(argv)
-    text = render()
-    if args.check:
-        current = OUTPUT.read_text() if OUTPUT.is_file() else ""
-        if current != text:
-            print(f"{OUTPUT} is out of date: run `python -m eval.config_reference`", file=sys.stderr)
-            return 1
-        return 0
-    atomic_write_text(OUTPUT, text)
-    print(f"wrote {OUTPUT}")
-    return 0
+    status = write_or_check(OUTPUT, render(), args.check, "python -m eval.config_reference")
+    if not args.check:
+        print(f"wrote {OUTPUT}")
+    return status
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +49,19 @@ def atomic_save_figure(fig, path: str | Path, dpi: int = 120) -> None:
             fig.savefig(tmp, format="png", dpi=dpi)
     finally:
         plt.close(fig)
+
+
+def write_or_check(path: str | Path, text: str, check: bool, command: str) -> int:
+    """A generated file: with `check`, 0 if `path` holds `text`, else 1 and a message saying to run `command`;
+    without, write `text` to `path` atomically (0)."""
+    path = Path(path)
+    if not check:
+        atomic_write_text(path, text)
+        return 0
+    if (path.read_text() if path.is_file() else "") == text:
+        return 0
+    print(f"{path} is out of date: run {command}", file=sys.stderr)
+    return 1
 
 
 @contextmanager
