@@ -1,1 +1,2 @@
-"""Evaluation and ablation harness: benchmarks and reports run as scripts (`python -m eval.<name>`)."""
+"""Scripts that measure and report (`python -m eval.<name>`): benchmarks outside `tlt bench`, peer runs, the
+claims table, plots. The library they share lives in tlt.eval."""

@@ -33,8 +33,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from eval.train_runs import train_metrics  # noqa: E402
 from tlt.backends.base import SamplingParams  # noqa: E402
+from tlt.eval.train_runs import train_metrics  # noqa: E402
 from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
 

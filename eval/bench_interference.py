@@ -47,7 +47,7 @@ def fill_buffer(model, prompts: list[list[int]], eos: int):
     """A drafter buffer of the target's own sampled answers with its features, as the trainer fills it."""
     from tlt.backends.base import SamplingParams
     from tlt.backends.native import NativeEngine
-    from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
+    from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
 
     engine = NativeEngine(model, eos, max_seq_len=1024)
     rollouts = engine.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=256, seed=0))
@@ -94,7 +94,7 @@ def trainer(target: str, drafter: str, prompts, commands, done) -> None:
     from tlt.config import DrafterConfig
     from tlt.drafters import load_drafter
     from tlt.models.io import load_hf_folder
-    from tlt.training.spot import DrafterStepper
+    from tlt.training.drafter.spot import DrafterStepper
 
     model, tokenizer = load_hf_folder(target)
     eagle = load_drafter(drafter)

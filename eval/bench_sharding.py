@@ -33,10 +33,10 @@ from tlt.config import GRPOConfig
 from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
 from tlt.models.presets import build_model
-from tlt.training.data_parallel import rows_by_length, update_policy_sharded
-from tlt.training.fsdp import ShardedPolicy
+from tlt.training.distributed.data_parallel import rows_by_length, update_policy_sharded
+from tlt.training.distributed.fsdp import ShardedPolicy
+from tlt.training.distributed.launch import launch_cpu
 from tlt.training.grpo import GRPOModule, make_batch, recompute_old_logprobs
-from tlt.training.launch import launch_cpu
 
 VARIANTS = ("replicate", "fsdp")
 VOCAB = 1024

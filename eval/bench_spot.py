@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from eval.train_runs import train_metrics
+from tlt.eval.train_runs import train_metrics
 from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
 

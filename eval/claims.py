@@ -26,7 +26,7 @@ MAIN_JOB = [RESULTS / f"quickstart_deep_v1/interleaved_seed{s}/speedup.json" for
 MAIN_JOB_CMD = "`make quickstart` (seed 0); `tlt train configs/quickstart.yaml seed=N output_dir=runs/qs-iN`"
 SD_BENCH = RESULTS / "bench_sd_deep_v1_amd.json"
 SD_BENCH_CMD = (
-    "`python -m eval.bench_sd --target tlt/assets/deep_v1/policy --eagle tlt/assets/deep_v1/drafter --no-ngram "
+    "`python -m tlt.eval.bench.sd.cli --target tlt/assets/deep_v1/policy --eagle tlt/assets/deep_v1/drafter --no-ngram "
     "--batch-sizes 1,4,16 --strategies 3_1_4,5_1_6 --temperatures 1.0 --max-new-tokens 64 --repeats 2`"
 )
 DRIFT = RESULTS / "drift_deep_v1_online_lr_1e-4.json"

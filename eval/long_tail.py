@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+from tlt.eval.compare import measured_steps
 from tlt.files import atomic_write_json, atomic_write_text
-from tlt.training.compare import measured_steps
 
 RANGES = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 10**9))
 

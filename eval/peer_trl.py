@@ -38,7 +38,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from eval.train_runs import train_metrics  # noqa: E402
+from tlt.eval.train_runs import train_metrics  # noqa: E402
 from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
 from tlt.machine import describe_machine, resolve_precision  # noqa: E402
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from eval.train_runs import metric_column
+from tlt.eval.train_runs import metric_column
 from tlt.files import atomic_save_figure
 
 

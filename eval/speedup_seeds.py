@@ -4,7 +4,7 @@ runs in one table, with medians across seeds.
   python -m eval.speedup_seeds runs/rl-speedup-small-s0 runs/rl-speedup-small-s1 runs/rl-speedup-small-s2 \
       --out eval/results/rl_speedup_small_seeds.md
 
-Each run folder holds the speedup.json that `tlt train` writes (tlt.training.compare); for a speedup.json
+Each run folder holds the speedup.json that `tlt train` writes (tlt.eval.compare); for a speedup.json
 written before tlt reported the throughput and run ratios, they come from both runs' per-step metrics
 (checkpoint/metrics.json, baseline/checkpoint/metrics.json). Besides the per-seed step and rollout ratios,
 the rollout share r and the Amdahl bound, the table gives the rollout throughput ratio (response tokens per
@@ -24,8 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from tlt.files import atomic_write_json, atomic_write_text
-from tlt.training.compare import (
+from tlt.eval.compare import (
     amdahl_bound,
     format_percent,
     format_ratio,
@@ -33,6 +32,7 @@ from tlt.training.compare import (
     rollout_throughput,
     step_seconds,
 )
+from tlt.files import atomic_write_json, atomic_write_text
 
 COLUMNS = (
     "run",

@@ -81,7 +81,7 @@ def test_every_shipped_config_parses(path):
 
 @pytest.mark.parametrize("path", GRIDS, ids=[p.name for p in GRIDS])
 def test_every_shipped_grid_expands_and_validates(path):
-    from tlt.sweep import load_grid, validate
+    from tlt.eval.sweep import load_grid, validate
 
     grid = load_grid(path)
     configs = validate(grid)
@@ -109,7 +109,7 @@ def test_rl_configs_differ_only_in_tlt():
 
 
 def test_the_gpu_preset_passes_the_checks_of_an_8_rank_run():
-    from tlt.training.data_parallel import check_world
+    from tlt.training.distributed.data_parallel import check_world
     from tlt.training.rl_loop import check_rl_config
 
     cfg = load_config(Path(__file__).parents[1] / "configs" / "gpu_qwen2.5_7b.yaml")

@@ -4,13 +4,13 @@ import json
 
 import pytest
 
-import tlt.evaluation as evaluation
+import tlt.eval.heldout as evaluation
 from tests.tiny_model import save_math_policy
 from tlt.cli import main
 from tlt.config import load_config
 from tlt.data.prompts import format_prompt
 from tlt.data.splits import heldout_problems, task_mix
-from tlt.evaluation import evaluate, generate_responses
+from tlt.eval.heldout import evaluate, generate_responses
 from tlt.models.io import load_hf_folder
 
 MAX_NEW = 12

@@ -6,7 +6,7 @@ import pytest
 from lm_eval.api.instance import Instance
 
 from tests.tiny_model import save_tiny_model
-from tlt.evaluation_lm import (
+from tlt.eval.lm import (
     GenerationSettings,
     TltModelArgs,
     cut_at_stop,

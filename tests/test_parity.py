@@ -9,7 +9,7 @@ from tests.tiny_model import save_tiny_model
 from tlt.cli import main
 from tlt.data import MathProblem, write_jsonl
 from tlt.data.jsonl import detect_format
-from tlt.parity import ParitySettings
+from tlt.eval.parity import ParitySettings
 
 
 @pytest.fixture(scope="module")

@@ -2,10 +2,10 @@
 
 import json
 
-from tlt.evaluation_lm import DecodeTotals
-from tlt.parity import ParityReport, ParitySettings, SideRun, compare_outputs
-from tlt.parity_report import render_markdown, write_report
-from tlt.parity_stats import compare_paired
+from tlt.eval.lm import DecodeTotals
+from tlt.eval.parity import ParityReport, ParitySettings, SideRun, compare_outputs
+from tlt.eval.parity_report import render_markdown, write_report
+from tlt.eval.parity_stats import compare_paired
 
 
 def _side(label: str, tokens: dict) -> SideRun:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from tlt.parity_stats import compare_paired, mcnemar_exact, verdict, wilson_interval
+from tlt.eval.parity_stats import compare_paired, mcnemar_exact, verdict, wilson_interval
 
 
 @pytest.mark.parametrize(

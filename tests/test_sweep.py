@@ -9,7 +9,7 @@ import pytest
 
 from tlt.cli import parse_args
 from tlt.config import ConfigError, RunConfig, load_config
-from tlt.sweep import _flatten, expand, load_grid, run_sweep, slug, to_markdown, validate
+from tlt.eval.sweep import _flatten, expand, load_grid, run_sweep, slug, to_markdown, validate
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 

@@ -49,7 +49,7 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from tlt.data.splits import heldout_problems, task_mix
-    from tlt.evaluation import evaluate
+    from tlt.eval.heldout import evaluate
     from tlt.files import atomic_write_json
     from tlt.models.io import load_hf_folder
 
@@ -79,7 +79,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def cmd_train_drafter(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from tlt.training.distill import run_train_drafter
+    from tlt.training.drafter.distill import run_train_drafter
 
     cfg = _config(args, args.overrides)
     out = Path(args.output) if args.output else Path(args.model).parent / "drafter"
@@ -120,15 +120,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 BENCHES = {
-    "rollout": "eval.bench_sd",  # SD speed: native vs HF generate, per drafter / strategy / batch size
-    "adaptive": "eval.bench_adaptive",  # the strategy tuners side by side on a long-tail rollout workload
-    "packing": "eval.bench_drafter_packing",  # drafter-training throughput, packed vs padded
+    "rollout": "tlt.eval.bench.sd.cli",  # SD speed: native vs HF generate, per drafter / strategy / batch size
+    "adaptive": "tlt.eval.bench.adaptive",  # the strategy tuners side by side on a long-tail rollout workload
+    "packing": "tlt.eval.bench.packing",  # drafter-training throughput, packed vs padded
 }
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    """`tlt bench e2e CONFIG`: the run and the same run with TLT off, compared; the others run the eval/
-    harness of a source checkout."""
+    """`tlt bench e2e CONFIG`: the run and the same run with TLT off, compared; the others run a benchmark of
+    tlt.eval.bench with the rest of the command line."""
     if args.kind == "e2e":
         if not args.rest or "=" in args.rest[0]:
             print("tlt bench e2e: error: give a config file first: tlt bench e2e configs/tlt.yaml", file=sys.stderr)
@@ -141,23 +141,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 0
     import importlib
 
-    root = str(Path(__file__).resolve().parents[1])
-    if (Path(root) / "eval" / "__init__.py").is_file() and root not in sys.path:
-        sys.path.insert(0, root)
-    try:
-        module = importlib.import_module(BENCHES[args.kind])
-    except ModuleNotFoundError:
-        print(
-            f"tlt bench {args.kind}: error: needs the eval/ harness of a tlt source checkout ({BENCHES[args.kind]}); "
-            "install tlt with `pip install -e .` from the repository",
-            file=sys.stderr,
-        )
-        return 2
-    return module.main(args.rest)
+    return importlib.import_module(BENCHES[args.kind]).main(args.rest)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tlt.sweep import load_grid, run_sweep
+    from tlt.eval.sweep import load_grid, run_sweep
 
     grid = load_grid(args.grid, args.output_dir, args.overrides)
     rows = run_sweep(grid, dry_run=args.dry_run)
@@ -171,8 +159,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_parity(args: argparse.Namespace) -> int:
-    from tlt.parity import ParitySettings, run_parity
-    from tlt.parity_report import write_report
+    from tlt.eval.parity import ParitySettings, run_parity
+    from tlt.eval.parity_report import write_report
 
     model_b, overrides = args.model_b, args.overrides
     if model_b is not None and "=" in model_b and not Path(model_b).exists():  # argparse's pick for `A k=v`
@@ -284,7 +272,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
         help="speed reports measured side by side: e2e (TLT vs the same run with TLT off), rollout, adaptive, packing",
         description="e2e CONFIG [key=value ...]: `tlt train` with train.compare_baseline=true (step and rollout "
         "ratios, rollout share, Amdahl bound, held-out accuracy, machine) in <output_dir>/speedup.md. rollout / "
-        "adaptive / packing: the eval/ benchmarks (eval.bench_sd, eval.bench_adaptive, eval.bench_drafter_packing) "
+        "adaptive / packing: the benchmarks (tlt.eval.bench.sd.cli, tlt.eval.bench.adaptive, tlt.eval.bench.packing) "
         "with their own arguments (`tlt bench rollout --help`).",
     )
     p.add_argument("kind", choices=("e2e", *BENCHES), help="which report")
@@ -292,7 +280,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.set_defaults(func=cmd_bench, config=None)
 
     p = sub.add_parser("sweep", help="run a grid of `tlt train` cells (ablations) and tabulate them (resumable)")
-    p.add_argument("grid", help="grid YAML file (e.g. configs/ablation.yaml; see tlt/sweep.py)")
+    p.add_argument("grid", help="grid YAML file (e.g. configs/ablation.yaml; see tlt/eval/sweep.py)")
     p.add_argument("--output-dir", help="sweep folder (default: the grid's output_dir); cells go in <dir>/<cell>/")
     p.add_argument("--dry-run", action="store_true", help="validate every cell and list the plan; run nothing")
     p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every cell")

@@ -403,7 +403,8 @@ class TrainConfig:
     heldout_eval: int = 256  # held-out problems the comparison evaluates base and final policies on (0: none)
     # RL steps between async drafter checkpoints to <output_dir>/drafter_latest (0: off)
     drafter_checkpoint_every: int = 1
-    sharding: str = "replicate"  # policy update over processes: replicate (DDP-like) or fsdp (tlt.training.fsdp)
+    # policy update over processes: replicate (DDP-like) or fsdp (tlt.training.distributed.fsdp)
+    sharding: str = "replicate"
 
     def __post_init__(self) -> None:
         _check_choice("train.device", self.device, ("auto", "cpu", "cuda"))

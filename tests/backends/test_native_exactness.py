@@ -39,7 +39,7 @@ from tlt.drafters.small_lm import SmallLMDrafter
 from tlt.drafters.suffix import SuffixDrafter
 from tlt.schedulers.tuners import FixedTuner
 from tlt.speculative.sampling import probs_from_logits
-from tlt.training.distill import distill_drafter
+from tlt.training.drafter.distill import distill_drafter
 
 V = 8
 PROMPT = [1, 2, 3, 1, 2]  # repeats, so the n-gram drafter finds matches

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from eval.bench_adaptive import ReferenceTuner, decision_table, main, summarise, tuners
+from tlt.eval.bench.adaptive import ReferenceTuner, decision_table, main, summarise, tuners
 from tlt.models.io import save_hf_folder
 from tlt.models.presets import build_model
 from tlt.models.tokenizer import train_tokenizer

@@ -2,7 +2,7 @@
 
 import json
 
-from eval.bench_drafter_packing import PackingBenchSettings, draw_batches, main, make_buffer, rollout_lengths
+from tlt.eval.bench.packing import PackingBenchSettings, draw_batches, main, make_buffer, rollout_lengths
 
 
 def test_lengths_are_long_tailed_and_capped():

@@ -1,4 +1,4 @@
-"""eval.bench_sd: end to end on a random target (every configuration reported, greedy SD identical to plain)
+"""tlt.eval.bench.sd.cli: end to end on a random target (every configuration reported, greedy SD identical to plain)
 and exact checks of its small helpers."""
 
 import json
@@ -6,13 +6,13 @@ import json
 import pytest
 import torch
 
-from eval.bench_sd import build_parser, main, settings_from_args
-from eval.sd_costs import speedup_bound
-from eval.sd_report import first_mismatch
-from eval.sd_runs import post_eos_share, prompt_batches
-from eval.sd_settings import plan_cells
 from tlt.drafters.eagle import EagleDrafter
 from tlt.drafters.small_lm import SmallLMDrafter
+from tlt.eval.bench.sd.cli import build_parser, main, settings_from_args
+from tlt.eval.bench.sd.costs import speedup_bound
+from tlt.eval.bench.sd.report import first_mismatch
+from tlt.eval.bench.sd.runs import post_eos_share, prompt_batches
+from tlt.eval.bench.sd.settings import plan_cells
 from tlt.models.io import save_hf_folder
 from tlt.models.presets import build_model
 from tlt.models.tokenizer import train_tokenizer

@@ -7,8 +7,8 @@ import pytest
 
 from tlt.data import MathProblem, write_jsonl
 from tlt.data.prompts import format_prompt
-from tlt.lm_tasks import TASK_FORMATS, task_yaml, write_task_dir
-from tlt.lm_tasks.metrics import gsm8k_answer, gsm8k_results, math_answer, math_results, score
+from tlt.eval.lm_tasks import TASK_FORMATS, task_yaml, write_task_dir
+from tlt.eval.lm_tasks.metrics import gsm8k_answer, gsm8k_results, math_answer, math_results, score
 
 PROBLEMS = [
     MathProblem("What is 1,000 + 234?", "1234", "gsm8k", 1, "1,000 + 234 = 1234\n\\boxed{1234}"),

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from eval.sd_sampling_parity import Side, compare, main
 from tests.tiny_model import save_math_policy
+from tlt.eval.bench.sd.sampling_parity import Side, compare, main
 
 
 def _side(rewards, lengths, logprobs) -> Side:

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from eval.speedup_seeds import main, required_share
-from tlt.training.compare import Comparison, RunTimes
+from tlt.eval.compare import Comparison, RunTimes
 
 
 def _metrics(folder, rollout_seconds, tokens):

@@ -10,9 +10,9 @@ import torch
 
 from tlt.config import GRPOConfig
 from tlt.models.presets import build_model
-from tlt.training.data_parallel import gather_rows, shard, update_policy_sharded
+from tlt.training.distributed.data_parallel import gather_rows, shard, update_policy_sharded
+from tlt.training.distributed.launch import WorkerContext
 from tlt.training.grpo import GRPOModule, make_batch, update_policy
-from tlt.training.launch import WorkerContext
 
 G = 4  # group size of the fixed batch
 GROUPS = 3  # split 2 + 1 over two ranks: uneven shards
@@ -27,7 +27,7 @@ def length_reward(texts: list[str], golds: list[str]) -> list[float]:
 def train_with_slow_rank0(ctx: WorkerContext, cfg) -> dict | None:
     """One rank of a `tlt train` run (as its spawned ranks run it) where rank 0's rollout takes 0.8 s longer,
     so rank 1 is idle while rank 0 still rolls out the step."""
-    from tlt.training.data_parallel import DistributedRLTrainer
+    from tlt.training.distributed.data_parallel import DistributedRLTrainer
     from tlt.training.train import _rank_main
 
     rollout = DistributedRLTrainer._rollout
@@ -111,8 +111,8 @@ def fsdp_equivalence(ctx: WorkerContext, checkpointing: bool = False) -> dict:
     micro-batch counts differ) by the replicated data-parallel update and by `ShardedPolicy` (with activation
     checkpointing if asked); then the sharded optimizer state is saved in the replicated layout, loaded into
     a fresh `ShardedPolicy`, and a third update is taken by both."""
-    from tlt.training.data_parallel import rows_by_length
-    from tlt.training.fsdp import ShardedPolicy
+    from tlt.training.distributed.data_parallel import rows_by_length
+    from tlt.training.distributed.fsdp import ShardedPolicy
 
     cfg = dataclasses.replace(GRPO, micro_batch_tokens=24, micro_batch_overhead_tokens=0)
     torch.manual_seed(0)

@@ -14,9 +14,9 @@ import torch.distributed as dist
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle_head import EagleConfig, EagleHead
 from tlt.schedulers.idle import IdleScheduler
-from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
-from tlt.training.launch import WorkerContext
-from tlt.training.spot import DrafterStepper, SpotWorker, average_replicas
+from tlt.training.distributed.launch import WorkerContext
+from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
+from tlt.training.drafter.spot import DrafterStepper, SpotWorker, average_replicas
 
 HEAD = EagleConfig(
     hidden_size=32,

@@ -9,8 +9,8 @@ import pytest
 
 from tlt.cli import main
 from tlt.config import ConfigError, load_config
+from tlt.eval.compare import Comparison, RunTimes, baseline_config, comparison_figure
 from tlt.training.bootstrap import bootstrap_folder
-from tlt.training.compare import Comparison, RunTimes, baseline_config, comparison_figure
 
 from .test_train_cli import config  # noqa: F401  (the module fixture: a saved random policy and its YAML)
 

@@ -13,7 +13,7 @@ from tlt.cli import build_parser
 from tlt.config import ConfigError, DrafterConfig
 from tlt.drafters import load_drafter
 from tlt.schedulers.tuners import FixedTuner
-from tlt.training.distill import collect_sequences, distill_drafter, distill_small_lm
+from tlt.training.drafter.distill import collect_sequences, distill_drafter, distill_small_lm
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_small_lm_distillation_raises_acceptance_and_saves(target, tmp_path):
 
 def test_train_drafter_refuses_ngram(tmp_path):
     from tlt.config import load_config
-    from tlt.training.distill import run_train_drafter
+    from tlt.training.drafter.distill import run_train_drafter
 
     with pytest.raises(ConfigError, match="eagle or small_lm"):
         run_train_drafter(load_config(None, ["drafter.kind=ngram"]), tmp_path / "model", tmp_path / "d")
@@ -100,7 +100,7 @@ def test_distillation_prompts_come_from_data_jsonl_when_given(tmp_path):
     from tlt.config import load_config
     from tlt.data.jsonl import write_jsonl
     from tlt.data.tasks import MathProblem
-    from tlt.training.distill import distillation_prompts
+    from tlt.training.drafter.distill import distillation_prompts
 
     ours = [MathProblem(f"What is {i} + 1?", str(i + 1), "mine", 1, None) for i in range(10)]
     write_jsonl(ours, tmp_path / "mine.jsonl", "gsm8k")
@@ -119,7 +119,7 @@ def test_train_drafter_on_cuda(tmp_path):
     """`tlt train-drafter` on a GPU (`eval/gpu_checks.sh`): distils there and saves a loadable drafter."""
     from tests.tiny_model import save_math_policy
     from tlt.config import load_config
-    from tlt.training.distill import run_train_drafter
+    from tlt.training.drafter.distill import run_train_drafter
 
     model = save_math_policy(tmp_path / "model")
     overrides = ["train.device=cuda", "drafter.train_steps=20", "drafter.distill_prompts=16", "drafter.eval_prompts=4"]

@@ -7,7 +7,7 @@ import torch
 from scipy.stats import chisquare
 
 from tlt.models.presets import build_model
-from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
+from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
 
 D = 4
 BYTES_PER_TOKEN = 8 + 4 * D + 1  # int64 token + float32 [D] feature + bool mask

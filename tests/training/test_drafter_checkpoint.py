@@ -9,7 +9,7 @@ from tests.tiny_model import random_target
 from tlt.drafters import load_drafter
 from tlt.drafters.eagle import EagleDrafter
 from tlt.training import drafter_checkpoint
-from tlt.training.drafter_checkpoint import AsyncDrafterCheckpoint, load_drafter_checkpoint
+from tlt.training.drafter.checkpoint import AsyncDrafterCheckpoint, load_drafter_checkpoint
 
 
 @pytest.fixture()

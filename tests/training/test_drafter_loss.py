@@ -7,7 +7,7 @@ import torch
 
 from tlt.drafters.eagle import EagleDrafter
 from tlt.models.presets import build_model
-from tlt.training.drafter_loss import EagleLoss
+from tlt.training.drafter.loss import EagleLoss
 
 LOG1PE = math.log(1 + math.e)  # log(e^1 + e^0)
 

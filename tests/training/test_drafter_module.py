@@ -8,9 +8,9 @@ import torch
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle import EagleDrafter
 from tlt.models.presets import build_model
-from tlt.training.drafter_buffer import DrafterBuffer
-from tlt.training.drafter_module import BufferBatches, DrafterModule, fit_drafter
-from tlt.training.packing import PackedBatch
+from tlt.training.drafter.buffer import DrafterBuffer
+from tlt.training.drafter.module import BufferBatches, DrafterModule, fit_drafter
+from tlt.training.drafter.packing import PackedBatch
 
 
 def _buffer(target, seed: int = 0) -> DrafterBuffer:

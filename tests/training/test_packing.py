@@ -6,9 +6,9 @@ import torch
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle import EagleDrafter
 from tlt.models.presets import build_model
-from tlt.training.drafter_buffer import DrafterSample
-from tlt.training.drafter_module import DrafterModule
-from tlt.training.packing import PAD_DOCUMENT, first_fit, pack, pad
+from tlt.training.drafter.buffer import DrafterSample
+from tlt.training.drafter.module import DrafterModule
+from tlt.training.drafter.packing import PAD_DOCUMENT, first_fit, pack, pad
 
 D = 2
 

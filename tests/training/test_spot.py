@@ -6,8 +6,8 @@ import torch
 
 from tests.training import spot_workers
 from tlt.config import ConfigError
-from tlt.training.drafter_module import BufferBatches
-from tlt.training.launch import launch_cpu
+from tlt.training.distributed.launch import launch_cpu
+from tlt.training.drafter.module import BufferBatches
 
 
 @pytest.fixture(scope="module")

@@ -199,7 +199,7 @@ def test_overrides_may_come_before_or_after_options():
 
 
 def test_async_drafter_checkpoint_is_written_and_resumes_drafter_training(config, tmp_path):
-    from tlt.training.drafter_checkpoint import load_drafter_checkpoint
+    from tlt.training.drafter.checkpoint import load_drafter_checkpoint
 
     out = tmp_path / "run"
     assert _train(config, out, "grpo.steps=2") == 0

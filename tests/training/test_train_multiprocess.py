@@ -14,8 +14,8 @@ from tests.training import dp_workers
 from tests.training.test_train_cli import config  # noqa: F401  (the fixture: a random test-preset policy)
 from tlt.cli import main
 from tlt.config import ConfigError, load_config
-from tlt.training.data_parallel import balanced_share, shard
-from tlt.training.launch import launch_cpu
+from tlt.training.distributed.data_parallel import balanced_share, shard
+from tlt.training.distributed.launch import launch_cpu
 from tlt.training.run_log import COLUMNS
 from tlt.training.train import run_train
 

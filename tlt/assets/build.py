@@ -26,10 +26,10 @@ CHECK_STRATEGY = "4_1_5"  # the drafter check's SD strategy (as `tlt train-draft
 
 
 def heldout_report(policy_dir: Path, data: dict, n: int, max_new_tokens: int):
-    """Greedy `tlt.evaluation` report of an HF folder on the first `n` held-out problems of the card's mix."""
+    """Greedy `tlt.eval.heldout` report of an HF folder on the first `n` held-out problems of the card's mix."""
     from tlt.config import DataConfig
     from tlt.data.splits import heldout_problems, task_mix
-    from tlt.evaluation import evaluate
+    from tlt.eval.heldout import evaluate
     from tlt.models.io import load_hf_folder
 
     model, tokenizer = load_hf_folder(policy_dir)
@@ -44,7 +44,7 @@ def drafter_acceptance(policy_dir: Path, drafter_dir: Path, data: dict, prompts:
     from tlt.data.splits import heldout_problems, task_mix
     from tlt.drafters import load_drafter
     from tlt.models.io import load_hf_folder
-    from tlt.training.distill import acceptance_length
+    from tlt.training.drafter.distill import acceptance_length
 
     model, tokenizer = load_hf_folder(policy_dir)
     cfg = DataConfig(**data)

@@ -23,7 +23,7 @@ from tlt.config import ConfigError, RunConfig
 from tlt.data.prompts import format_prompt, format_response
 from tlt.data.splits import heldout_problems, task_mix, training_problems
 from tlt.data.tasks import GYM_FAMILIES
-from tlt.evaluation import evaluate
+from tlt.eval.heldout import evaluate
 from tlt.files import atomic_write_json
 from tlt.machine import resolve_precision
 from tlt.models.io import save_hf_folder

@@ -10,7 +10,7 @@
         meta.json      step and version (and world_size, from a multi-process run); written last, so a folder
                        without it is not a checkpoint
 
-A multi-process run (`tlt.training.data_parallel`) writes the same folder from rank 0. What every rank holds
+A multi-process run (`tlt.training.distributed.data_parallel`) writes the same folder from rank 0. What every rank holds
 alike (policy, its optimizer, minibatch generator, problem sampler, KL reference, drafter) is saved once;
 trainer.pt then holds, under "ranks", each rank's own parts (tuner, drafter buffer, drafter optimizer) and
 RNG states, and every rank resumes from its entry. Such a checkpoint resumes only with the same number of

@@ -200,7 +200,7 @@ def _checkpointed_forward(layer: torch.nn.Module, *args, **kwargs):
 class HiddenAndLogits(torch.nn.Module):
     """`hidden_and_logits` of `lm` as one module call. FSDP gathers a module's parameters in its forward, and
     `policy_forward` calls the decoder and the LM head apart, so a sharded policy wraps its LM in this
-    (`tlt.training.fsdp`)."""
+    (`tlt.training.distributed.fsdp`)."""
 
     def __init__(self, lm: torch.nn.Module):
         super().__init__()
@@ -443,7 +443,7 @@ def accumulate_loss(
     at a time (`micro_batches`); the accumulated gradient is that of one forward over all the rows.
     `passes(this worker's micro-batch count)` asks for that many forward + backward passes in all: passes of
     weight 0 over the batch's shortest row come first, as the workers of a sharded policy must all run as many
-    (`tlt.training.fsdp`).
+    (`tlt.training.distributed.fsdp`).
 
     Returns the token sums of (loss, policy_loss, kl, entropy, clip_fraction) over the rows, [5] float64.
     """
@@ -482,7 +482,7 @@ def update_policy(
     rows of a minibatch this worker backpropagates, and `sum_over_workers`, which sums the parameter gradients
     and the given loss sums ([5] float64) over the workers and returns the summed loss sums; without them this
     process backpropagates every row. `passes` goes to `accumulate_loss` (a sharded policy's workers must all
-    run as many forwards; `tlt.training.fsdp`).
+    run as many forwards; `tlt.training.distributed.fsdp`).
     """
     cfg = module.cfg
     device = batch.input_ids.device

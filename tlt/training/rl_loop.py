@@ -42,9 +42,10 @@ from tlt.data.prompts import format_prompt
 from tlt.data.rewards import count_grading_errors, math_rewards
 from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
-from tlt.evaluation import LengthStats
-from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
-from tlt.training.drafter_checkpoint import AsyncDrafterCheckpoint, load_drafter_state
+from tlt.eval.heldout import LengthStats
+from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
+from tlt.training.drafter.checkpoint import AsyncDrafterCheckpoint, load_drafter_state
+from tlt.training.drafter.spot import DrafterStepper
 from tlt.training.grpo import (
     GRPOBatch,
     GRPOModule,
@@ -56,7 +57,6 @@ from tlt.training.grpo import (
     token_mean,
     update_policy,
 )
-from tlt.training.spot import DrafterStepper
 from tlt.training.weight_push import push
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class StepMetrics:
     drafter_steps: int
     drafter_loss: float | None  # mean micro-step loss; None when the drafter did not train
     buffer_samples: int  # samples in the drafter buffer after the step (0 without one; summed over ranks)
-    # Multi-process runs (tlt.training.data_parallel), summed over ranks; 0 in one process:
+    # Multi-process runs (tlt.training.distributed.data_parallel), summed over ranks; 0 in one process:
     spot_steps: int = 0  # drafter micro-steps run in idle time, while another rank still rolled out (`spot`)
     idle_seconds: float = 0.0  # time ranks waited between their own share's end and the last rank's
     idle_train_seconds: float = 0.0  # of that idle time, seconds spent in drafter micro-steps
@@ -172,7 +172,7 @@ def sharding_error(cfg: RunConfig) -> str:
 def decode_timeline(steps: list[DecodeStepStats]) -> list[list]:
     """A generate's decode steps as runs of equal running batch and strategy, in order:
     [running batch, strategy ('' = plain decoding), decode steps, seconds, generated tokens] per run
-    (what the long-tail picture of `tlt.training.compare` draws)."""
+    (what the long-tail picture of `tlt.eval.compare` draws)."""
     runs: list[list] = []
     for s in steps:
         strategy = s.strategy if s.sd_on else ""

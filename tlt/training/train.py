@@ -17,8 +17,8 @@ close, timing noise can flip a decision and change every later token, so even tw
 not guaranteed to match. A resume restores those tuners' learned state and RNG exactly; only the clock is
 new. On CUDA, kernels with nondeterministic reductions can also break bitwise identity (not checked).
 
-Several processes (`tlt.training.data_parallel`): with `train.devices=N > 1` on CPU, `tlt train` spawns N
-gloo ranks itself (`tlt.training.launch`); under torchrun (RANK and WORLD_SIZE set, e.g. `torchrun
+Several processes (`tlt.training.distributed.data_parallel`): with `train.devices=N > 1` on CPU, `tlt train` spawns N
+gloo ranks itself (`tlt.training.distributed.launch`); under torchrun (RANK and WORLD_SIZE set, e.g. `torchrun
 --nproc-per-node 8 -m tlt.cli train ...`, also across nodes and under SLURM) it runs as one rank of that
 job, with nccl on CUDA (one GPU per rank, cuda:LOCAL_RANK) and gloo on CPU, and `train.devices` must be 1
 or WORLD_SIZE. Each rank rolls out its share of every step's prompts with its own engine and trains its
@@ -64,8 +64,8 @@ def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict | None
 
     With `train.bootstrap_if_missing` a missing model.path is bootstrapped first; with `train.compare_baseline`
     the same run with TLT off follows in `<output_dir>/baseline` (or the two take turns of
-    `train.compare_turn_steps` steps) and the summary gains the comparison (`tlt.training.compare`)."""
-    from tlt.training.data_parallel import check_world
+    `train.compare_turn_steps` steps) and the summary gains the comparison (`tlt.eval.compare`)."""
+    from tlt.training.distributed.data_parallel import check_world
 
     check_world(cfg, world_size(cfg))  # before a bootstrap: what the run's processes allow
     check_data_paths(cfg)
@@ -79,7 +79,7 @@ def run_train(cfg: RunConfig, reward_fn: RewardFn = math_rewards) -> dict | None
 def _train_and_compare(cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     """The run, and the same run with TLT off in <output_dir>/baseline, in turns of train.compare_turn_steps
     steps (each turn resumes its arm's checkpoint), then the comparison."""
-    from tlt.training.compare import baseline_config, compare
+    from tlt.eval.compare import baseline_config, compare
 
     base_cfg = baseline_config(cfg)
     steps = cfg.grpo.steps
@@ -167,7 +167,7 @@ def _run_ranks(cfg: RunConfig, reward_fn: RewardFn, world: int) -> dict | None:
     """This process as one rank of torchrun's job, or N spawned CPU ranks."""
     import torch.distributed as dist
 
-    from tlt.training.launch import context_from_process_group, launch_cpu
+    from tlt.training.distributed.launch import context_from_process_group, launch_cpu
 
     if under_torchrun():
         _preflight(cfg, world)  # every rank: all of them stop on a config error, none waits for another
@@ -194,7 +194,7 @@ def _run_ranks(cfg: RunConfig, reward_fn: RewardFn, world: int) -> dict | None:
 
 def _preflight(cfg: RunConfig, world: int) -> None:
     """The config errors a rank would hit, raised before any process starts."""
-    from tlt.training.data_parallel import check_world
+    from tlt.training.distributed.data_parallel import check_world
     from tlt.training.rl_loop import check_rl_config
 
     check_rl_config(cfg)
@@ -214,7 +214,7 @@ def _rank_main(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:
     """One rank's run (collective with the others); the summary on rank 0, None elsewhere."""
     import torch.distributed as dist
 
-    from tlt.training.data_parallel import DistributedRLTrainer, save_distributed_checkpoint, weights_digest
+    from tlt.training.distributed.data_parallel import DistributedRLTrainer, save_distributed_checkpoint, weights_digest
 
     rank, world, lead = ctx.rank, ctx.world_size, ctx.rank == 0
     out = Path(cfg.output_dir)

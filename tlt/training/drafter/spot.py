@@ -40,8 +40,8 @@ import torch.distributed as dist
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle_head import EagleHead
 from tlt.schedulers.idle import IdleScheduler, Policy, WorkerStats, WorkerStatus
-from tlt.training.drafter_buffer import DrafterBuffer
-from tlt.training.drafter_module import BufferBatches, DrafterModule
+from tlt.training.drafter.buffer import DrafterBuffer
+from tlt.training.drafter.module import BufferBatches, DrafterModule
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 0.001  # `between_steps`: wait between polls of the "all done" flag

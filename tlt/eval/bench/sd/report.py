@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eval.sd_costs import ForwardCost, speedup_bound
-from eval.sd_runs import CellResult
-from eval.sd_settings import HF, HF_ASSISTANT, HF_LOOKUP, NATIVE, Cell
+from tlt.eval.bench.sd.costs import ForwardCost, speedup_bound
+from tlt.eval.bench.sd.runs import CellResult
+from tlt.eval.bench.sd.settings import HF, HF_ASSISTANT, HF_LOOKUP, NATIVE, Cell
 from tlt.speculative.strategy import SpecStrategy
 
 
@@ -31,7 +31,7 @@ class SDRow:
     first_mismatch: str | None  # where they first differ
     mean_running_batch: float | None
     post_eos_share: float
-    memory_delta_mib: float  # resident-memory growth over the cell (eval.machine.PeakMemory)
+    memory_delta_mib: float  # resident-memory growth over the cell (tlt.eval.memory.PeakMemory)
     peak_rss_mib: float  # the process's peak RSS during the cell
 
 

@@ -1,6 +1,6 @@
 """lm-eval model `tlt`: generation tasks decoded by tlt's native engine, with speculative decoding on or off.
 
-    from tlt.evaluation_lm import register_tlt_model
+    from tlt.eval.lm import register_tlt_model
     TltLM = register_tlt_model()  # imports lm-eval, registers the class as "tlt"
     lm = TltLM.create_from_arg_string("pretrained=runs/m/model,drafter=ngram,sd=on,strategy=4_1_5")
     lm_eval.simple_evaluate(model=lm, tasks=[...])
@@ -282,6 +282,6 @@ def serve(generator: TltGenerator, requests, records: list[GenerationRecord], ca
 
 
 def __getattr__(name: str):
-    if name == "TltLM":  # `from tlt.evaluation_lm import TltLM` builds (and registers) the class on demand
+    if name == "TltLM":  # `from tlt.eval.lm import TltLM` builds (and registers) the class on demand
         return register_tlt_model()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -13,7 +13,7 @@ every configuration before round r + 1 of any), so slow drift of a shared machin
 Also writes the adaptive tuner's decisions (SD on/off and strategy per running batch size) as a table over the
 decode steps of all timed rounds and a PNG of the last rollout's steps, and the tuner's own cost per decode step.
 
-  python eval/bench_adaptive.py --target runs/quickstart/model --drafter runs/quickstart/drafter \
+  python -m tlt.eval.bench.adaptive --target runs/quickstart/model --drafter runs/quickstart/drafter \
       --prompts 16 --samples 8 --out runs/bench-adaptive
 """
 

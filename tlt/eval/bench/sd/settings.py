@@ -1,4 +1,4 @@
-"""Settings of the SD benchmark (`eval.bench_sd`) and the list of configurations (cells) it measures."""
+"""Settings of the SD benchmark (`tlt.eval.bench.sd.cli`) and the list of configurations (cells) it measures."""
 
 from __future__ import annotations
 

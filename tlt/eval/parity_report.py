@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from tlt.evaluation_lm import DecodeTotals
+from tlt.eval.lm import DecodeTotals
+from tlt.eval.parity import ParityReport
+from tlt.eval.parity_stats import PairedComparison, verdict
 from tlt.files import atomic_write_json, atomic_write_text
-from tlt.parity import ParityReport
-from tlt.parity_stats import PairedComparison, verdict
 
 MAX_MISMATCHES_SHOWN = 10
 _SNIPPET_CHARS = 80

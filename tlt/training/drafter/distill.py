@@ -5,9 +5,9 @@ EAGLE (`distill_drafter`):
 The target generates responses to training prompts with the native engine (greedy or sampled), returning the
 final-norm hidden state of every response position; the prompt positions' states come from one HF forward.
 Each sequence x_0..x_{T-1} with features h_0..h_{T-1} gives training pairs (h_i, x_{i+1}) -> h_{i+1}; the loss
-(EAGLE-1, `tlt.training.drafter_loss`) is taken where x_{i+1} is a response token, as TLT trains on responses.
+(EAGLE-1, `tlt.training.drafter.loss`) is taken where x_{i+1} is a response token, as TLT trains on responses.
 Training goes through the same buffer, packing and LightningModule as online training
-(`tlt.training.drafter_module`).
+(`tlt.training.drafter.module`).
 
 Small LM (`distill_small_lm`): sequence-level knowledge distillation (Kim & Rush 2016,
 https://arxiv.org/abs/1606.07947): next-token cross-entropy on the target's own responses (+ EOS when it
@@ -35,8 +35,8 @@ from tlt.drafters.eagle import EagleDrafter
 from tlt.drafters.small_lm import SmallLMDrafter
 from tlt.schedulers.tuners import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
-from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
-from tlt.training.drafter_module import fit_drafter
+from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
+from tlt.training.drafter.module import fit_drafter
 from tlt.training.sft import SFTDataModule, SFTExample, SFTModule
 
 

@@ -1,8 +1,8 @@
 """`tlt parity`: two models, or one model with SD off vs on, on the same lm-eval tasks, problem by problem.
 
-Each side is the lm-eval model `tlt` (tlt.evaluation_lm) run through `lm_eval.simple_evaluate` on the local
-tasks of `tlt.lm_tasks`; per task and metric the report gives both accuracies with Wilson 95% intervals, the
-paired difference (B - A) and an exact McNemar p-value (tlt.parity_stats). It also compares the response
+Each side is the lm-eval model `tlt` (tlt.eval.lm) run through `lm_eval.simple_evaluate` on the local
+tasks of `tlt.eval.lm_tasks`; per task and metric the report gives both accuracies with Wilson 95% intervals, the
+paired difference (B - A) and an exact McNemar p-value (tlt.eval.parity_stats). It also compares the response
 token ids of every problem: with --sd-only the tasks decode greedily, so lossless SD must reproduce the plain
 output exactly, and any mismatch fails the run.
 """
@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tlt.data.jsonl import detect_format, read_jsonl, write_jsonl
-from tlt.evaluation_lm import DecodeTotals, register_tlt_model, require_lm_eval
-from tlt.lm_tasks import TASK_FORMATS, write_task_dir
-from tlt.lm_tasks.metrics import METRICS
-from tlt.parity_stats import PairedComparison, compare_paired
+from tlt.eval.lm import DecodeTotals, register_tlt_model, require_lm_eval
+from tlt.eval.lm_tasks import TASK_FORMATS, write_task_dir
+from tlt.eval.lm_tasks.metrics import METRICS
+from tlt.eval.parity_stats import PairedComparison, compare_paired
 
 _TASK_OF_FORMAT = {fmt: task for task, fmt in TASK_FORMATS.items()}
 

@@ -11,7 +11,7 @@ All in one process on one torch thread, on held-out math prompts of the target's
   6. greedy identity: every SD output at temperature 0 must equal plain decoding token for token.
 Writes results.json, results.md and speedup.png to --out; progress goes to stderr, one line per cell.
 
-  python -m eval.bench_sd --target runs/quickstart/model --eagle runs/quickstart/drafter \
+  python -m tlt.eval.bench.sd.cli --target runs/quickstart/model --eagle runs/quickstart/drafter \
       --small-lm runs/small-lm --out runs/bench-sd
 
 Exit status: 0; 1 when a greedy SD output differs from plain decoding; 2 on bad arguments or inputs.
@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from eval.sd_costs import ForwardCost, measure_costs
-from eval.sd_render import markdown, plot_speedup
-from eval.sd_report import best_rows, peer_rows, sd_rows
-from eval.sd_runs import CellResult, Workload, load_workload, measure_cell
-from eval.sd_settings import HF_ASSISTANT, BenchSettings, Cell, plan_cells
+from tlt.eval.bench.sd.costs import ForwardCost, measure_costs
+from tlt.eval.bench.sd.render import markdown, plot_speedup
+from tlt.eval.bench.sd.report import best_rows, peer_rows, sd_rows
+from tlt.eval.bench.sd.runs import CellResult, Workload, load_workload, measure_cell
+from tlt.eval.bench.sd.settings import HF_ASSISTANT, BenchSettings, Cell, plan_cells
 from tlt.files import atomic_write_json, atomic_write_text
 from tlt.machine import describe_machine
 from tlt.speculative.strategy import SpecStrategy
@@ -77,7 +77,7 @@ STOP_HELP = (
 def build_parser() -> argparse.ArgumentParser:
     d = BenchSettings(target="", out="")
     p = argparse.ArgumentParser(
-        prog="python -m eval.bench_sd",
+        prog="python -m tlt.eval.bench.sd.cli",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -135,7 +135,7 @@ def run_cells(work: Workload, cells: list[Cell], settings: BenchSettings) -> dic
 
 
 def run_isolated(work: Workload, cell: Cell, settings: BenchSettings) -> CellResult:
-    """measure_cell in a fresh `python -m eval.bench_sd --run-cell SPEC OUT` process (same prompts)."""
+    """measure_cell in a fresh `python -m tlt.eval.bench.sd.cli --run-cell SPEC OUT` process (same prompts)."""
     with tempfile.TemporaryDirectory() as tmp:
         spec, out = Path(tmp) / "cell.json", Path(tmp) / "result.json"
         payload = {
@@ -145,7 +145,7 @@ def run_isolated(work: Workload, cell: Cell, settings: BenchSettings) -> CellRes
             "data": work.data,
         }
         spec.write_text(json.dumps(payload))
-        command = [sys.executable, "-m", "eval.bench_sd", "--run-cell", str(spec), str(out)]
+        command = [sys.executable, "-m", "tlt.eval.bench.sd.cli", "--run-cell", str(spec), str(out)]
         subprocess.run(command, cwd=ROOT, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         return CellResult.from_dict(json.loads(out.read_text()))
 

@@ -18,14 +18,14 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
-from eval.machine import PeakMemory
-from eval.sd_settings import HF, HF_ASSISTANT, HF_LOOKUP, NATIVE, BenchSettings, Cell
 from tlt.backends.base import DecodeStepStats, SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.config import RunConfig, load_config
 from tlt.drafters import load_drafter
 from tlt.drafters.base import Drafter
 from tlt.drafters.ngram import NgramDrafter
+from tlt.eval.bench.sd.settings import HF, HF_ASSISTANT, HF_LOOKUP, NATIVE, BenchSettings, Cell
+from tlt.eval.memory import PeakMemory
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
@@ -262,7 +262,7 @@ class CellResult:
     propose_seconds: float | None  # drafter.propose time per SD iteration (median over timed runs)
     post_eos_share: float  # share of response tokens after their row's first EOS (when rows run on)
     deterministic: bool  # every run, warm-up included, produced the same tokens
-    memory: dict  # eval.machine.PeakMemory.to_dict() over the whole cell
+    memory: dict  # tlt.eval.memory.PeakMemory.to_dict() over the whole cell
     outputs: list[list[int]]
 
     @property

@@ -1,6 +1,6 @@
 """Drafter-training throughput with sequence packing vs padding, on long-tailed rollout lengths.
 
-Both layouts train the same EAGLE head (`tlt.training.drafter_module.DrafterModule.batch_loss`, AdamW step)
+Both layouts train the same EAGLE head (`tlt.training.drafter.module.DrafterModule.batch_loss`, AdamW step)
 on the same batches: each batch is one draw of about `--batch-tokens` real tokens from a `DrafterBuffer`
 holding synthetic rollouts (a prompt plus a log-normal response length capped at `--max-len`: most samples
 short, a few at the cap, as RL rollouts). "packed" lays a batch out in first-fit rows as long as its longest
@@ -9,7 +9,7 @@ Throughput counts only real loss tokens (response pairs) per second of layout + 
 Runs alternate between the layouts; medians over `--repeats` runs, ratio packed / padded. TLT's reference
 reports 2.2x from packing.
 
-  OMP_NUM_THREADS=1 python -m eval.bench_drafter_packing --preset tiny --samples 256 --max-len 2048 \
+  OMP_NUM_THREADS=1 python -m tlt.eval.bench.packing --preset tiny --samples 256 --max-len 2048 \
       --median-response 128 --batch-tokens 8192 --repeats 5 --out runs/bench/drafter_packing.json
 """
 
@@ -30,9 +30,9 @@ import torch
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle import EagleDrafter
 from tlt.models.presets import build_model
-from tlt.training.drafter_buffer import DrafterBuffer, DrafterSample
-from tlt.training.drafter_module import DrafterModule
-from tlt.training.packing import PackedBatch, pack, pad
+from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
+from tlt.training.drafter.module import DrafterModule
+from tlt.training.drafter.packing import PackedBatch, pack, pad
 
 LAYOUTS = {"packed": pack, "padded": pad}
 

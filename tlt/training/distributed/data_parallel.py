@@ -51,13 +51,13 @@ from tlt.config import ConfigError, RunConfig
 from tlt.data.rewards import math_rewards
 from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
-from tlt.evaluation import LengthStats
+from tlt.eval.heldout import LengthStats
 from tlt.schedulers.idle import IdleScheduler, Policy
 from tlt.training.checkpoint import RANK_LOCAL, rng_state, save_checkpoint
-from tlt.training.fsdp import ShardedPolicy
+from tlt.training.distributed.fsdp import ShardedPolicy
+from tlt.training.drafter.spot import DrafterStepper, SpotWorker
 from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats, update_policy
 from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics, decode_timeline, sharding_error
-from tlt.training.spot import DrafterStepper, SpotWorker
 
 POLL_SECONDS = 0.001  # the store wait of a step without drafter training
 GATHERED = ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "ref_logprobs")

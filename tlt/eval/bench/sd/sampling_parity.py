@@ -1,6 +1,6 @@
 """Sampled speculative decoding vs plain decoding on the same prompts: is the output distribution the same?
 
-  python -m eval.sd_sampling_parity --target runs/small/model --drafter runs/small/drafter-big \
+  python -m tlt.eval.bench.sd.sampling_parity --target runs/small/model --drafter runs/small/drafter-big \
       --strategy 5_1_6 --draft-int8 --prompts 128 --samples 16 --out eval/results/sd_sampling_parity_small.md
 
 Greedy SD is checked token for token (`tlt parity --sd-only`); at temperature > 0 the two engines draw different

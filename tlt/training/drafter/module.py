@@ -19,9 +19,9 @@ from torch.utils.data import DataLoader, IterableDataset
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle_head import EagleHead
 from tlt.machine import resolve_precision
-from tlt.training.drafter_buffer import DrafterBuffer
-from tlt.training.drafter_loss import DrafterLossOutput, EagleLoss
-from tlt.training.packing import PackedBatch, pack, pad
+from tlt.training.drafter.buffer import DrafterBuffer
+from tlt.training.drafter.loss import DrafterLossOutput, EagleLoss
+from tlt.training.drafter.packing import PackedBatch, pack, pad
 from tlt.training.progress import ProgressLines
 
 

@@ -270,7 +270,7 @@ def heldout_accuracy(cfg: RunConfig, model_path: str | Path) -> float | None:
     if cfg.train.heldout_eval == 0:
         return None
     from tlt.data.splits import heldout_problems, task_mix
-    from tlt.evaluation import evaluate
+    from tlt.eval.heldout import evaluate
     from tlt.models.io import load_hf_folder
 
     model, tokenizer = load_hf_folder(model_path)

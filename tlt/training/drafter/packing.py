@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tlt.training.drafter_buffer import DrafterSample
+from tlt.training.drafter.buffer import DrafterSample
 
 PAD_DOCUMENT = -1  # document id of padding positions
 

@@ -1,0 +1,1 @@
+"""Several processes: launching ranks (launch), the data-parallel RL step (data_parallel), FSDP sharding (fsdp)."""
