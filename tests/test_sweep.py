@@ -3,13 +3,14 @@
 import csv
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from tlt.cli import parse_args
 from tlt.config import ConfigError, RunConfig, load_config
-from tlt.eval.sweep import _flatten, expand, load_grid, run_sweep, slug, to_markdown, validate
+from tlt.eval.sweep import Cell, GridSection, _flatten, expand, load_grid, run_sweep, slug, to_markdown, validate
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 
@@ -83,24 +84,82 @@ def test_slug_is_filesystem_safe():
 
 
 def test_product_only_and_list_values(tmp_path):
-    cells = expand({"product": {"speculative.strategies": [["3_1_4"], ["2_1_3"]]}})
+    cells = expand(GridSection.parse({"product": {"speculative.strategies": [["3_1_4"], ["2_1_3"]]}}))
     assert [c.overrides for c in cells] == [
         ('speculative.strategies=["3_1_4"]',),
         ('speculative.strategies=["2_1_3"]',),
     ]
     assert [c.name for c in cells] == ["speculative.strategies-3_1_4", "speculative.strategies-2_1_3"]
-    with pytest.raises(ConfigError, match="duplicate"):
-        expand({"cells": [{"name": "a"}, {"name": "a"}]})
-    with pytest.raises(ConfigError, match="'product' and/or 'cells'"):
-        expand({})
+    with pytest.raises(ConfigError, match=r"grid: cell name\(s\) \['a'\] given more than once"):
+        expand(GridSection.parse({"cells": [{"name": "a"}, {"name": "a"}]}))
+    with pytest.raises(ConfigError, match="grid: no cells; give grid.cells and/or grid.product"):
+        GridSection.parse({})
+
+
+BAD_GRIDS = {
+    "unknown top-level key": (GRID + "bogus: 1\n", "bogus: unknown key; allowed: base, grid, output_dir, overrides"),
+    "unknown cell key": (
+        GRID.replace("- name: baseline\n", "- name: baseline\n      nme: x\n"),
+        "grid.cells[0].nme: unknown key; allowed: name, base, overrides",
+    ),
+    "missing key": (GRID.replace("base: {base}\n", ""), "base: missing; this key is required"),
+    "overrides not a list": (
+        GRID.replace("overrides: [grpo.steps=2]", "overrides: grpo.steps=2"),
+        "overrides: got 'grpo.steps=2'; allowed: a list of key=value strings",
+    ),
+    "cells not a list": (
+        "base: {base}\ngrid:\n  cells: baseline\n",
+        "grid.cells: got 'baseline'; allowed: a list of cells (name, base, overrides)",
+    ),
+    "base not a path": (GRID.replace("base: {base}", "base: [a, b]"), "base: got ['a', 'b']; allowed: a file path"),
+    "empty axis": (
+        GRID.replace("drafter.kind: [eagle, ngram]", "drafter.kind: []"),
+        "grid.product.drafter.kind: got []; allowed: a non-empty list of values",
+    ),
+    "no cells": ("base: {base}\ngrid:\n  product:\n", "grid: no cells; give grid.cells and/or grid.product"),
+    "override not key=value": (
+        GRID.replace("[speculative.enabled=false,", "[speculative.enabled,"),
+        "grid.cells[0].overrides: got 'speculative.enabled'; allowed: key=value strings",
+    ),
+    "duplicate cell names": (
+        GRID + "    - name: speculative.tuner=cost,drafter.kind=eagle\n",
+        "grid: cell name(s) ['speculative.tuner-cost_drafter.kind-eagle'] given more than once",
+    ),
+    "not YAML": (GRID + "  - [\n", "while parsing"),
+}
+
+
+@pytest.mark.parametrize(("text", "fragment"), BAD_GRIDS.values(), ids=BAD_GRIDS.keys())
+def test_bad_grid_file_names_the_file_and_the_key(tmp_path, text, fragment):
+    path = _grid(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_grid(path)
+    assert str(err.value).startswith(f"{path}: ") and fragment in str(err.value)
+
+
+def test_a_key_left_empty_counts_as_absent(tmp_path):
+    text = (
+        "base: {base}\noutput_dir:\noverrides:\ngrid:\n  product:\n  cells:\n    - {{name: b, base: , overrides: }}\n"
+    )
+    grid = load_grid(_grid(tmp_path, text))
+    assert grid.output_dir == Path("runs/sweep-grid") and grid.overrides == ()
+    assert grid.cells == (Cell("b", ()),)
 
 
 def test_unknown_key_fails_up_front_naming_the_cell(tmp_path):
     text = GRID + "    - name: broken\n      overrides: [rollout.nope=1]\n"
     runner = FakeRunner()
-    with pytest.raises(ConfigError, match=r"sweep cell 'broken': unknown config key 'rollout.nope'"):
-        run_sweep(load_grid(_grid(tmp_path, text)), runner, check_paths=False)
+    path = _grid(tmp_path, text)
+    with pytest.raises(
+        ConfigError, match=rf"^{re.escape(str(path))}: sweep cell 'broken': unknown config key 'rollout.nope'"
+    ):
+        run_sweep(load_grid(path), runner, check_paths=False)
     assert runner.ran == []  # nothing ran
+    text = GRID.replace("drafter.kind: [", "drafter.knd: [")
+    with pytest.raises(
+        ConfigError, match=r"sweep cell 'speculative.tuner-fixed_drafter.knd-eagle': unknown config key"
+    ):
+        validate(load_grid(_grid(tmp_path, text)))
     text = GRID + "    - name: ngram_online\n      overrides: [drafter.kind=ngram, scheduler.policy=spot]\n"
     with pytest.raises(ConfigError, match=r"sweep cell 'ngram_online': scheduler.policy: online drafter"):
         validate(load_grid(_grid(tmp_path, text)))

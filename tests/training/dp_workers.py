@@ -5,8 +5,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from tlt.config import GRPOConfig
 from tlt.models.presets import build_model
@@ -139,6 +141,59 @@ def fsdp_equivalence(ctx: WorkerContext, checkpointing: bool = False) -> dict:
     fresh.update(full, torch.Generator().manual_seed(2), rows)
     out["after_load"] = (_flat(replica), _flat(fresh.replica))
     return out
+
+
+def fsdp_state_round_trip(ctx: WorkerContext, folder: str) -> dict:
+    """Two updates by `ShardedPolicy`; its full optimizer state written to a file by rank 0 and read back by
+    every rank, as a checkpoint is. The third update taken straight on, by a fresh `ShardedPolicy` and by one
+    process's AdamW (on every rank alike) from the file, and by one process's fresh AdamW (the state unused);
+    the fourth taken straight on and by a fresh `ShardedPolicy` from the one process's state after the third.
+    Returns the flat weights before the third update and after each."""
+    from tlt.training.distributed.data_parallel import rows_by_length
+    from tlt.training.distributed.fsdp import ShardedPolicy
+
+    torch.manual_seed(0)
+    policy = build_model("test", 300, 1, 2, 0, seed=0)
+    reference = copy.deepcopy(policy)
+    full, _ = GRPOModule(policy, GRPO, 1.0, reference).recompute(_fixed_batch())
+    rows = rows_by_length(full)
+    sharded = ShardedPolicy(policy, GRPO, 1.0, reference)
+    for seed in range(2):
+        sharded.update(full, torch.Generator().manual_seed(seed), rows)
+    saved = _through_file(sharded.optimizer_state(), Path(folder) / "fsdp.pt", ctx.rank)
+    before = copy.deepcopy(policy)
+
+    def resumed(weights: torch.nn.Module, state: dict) -> ShardedPolicy:
+        fresh = ShardedPolicy(copy.deepcopy(weights), GRPO, 1.0, reference)
+        fresh.load_optimizer_state(state)
+        return fresh
+
+    def alone(state: dict | None) -> tuple[GRPOModule, torch.optim.Optimizer]:
+        module = GRPOModule(copy.deepcopy(before), GRPO, 1.0, reference)
+        adamw = module.configure_optimizers()
+        if state is not None:
+            adamw.load_state_dict(state)
+        update_policy(module, adamw, full, torch.Generator().manual_seed(2))
+        return module, adamw
+
+    fresh = resumed(before, saved)
+    for one in (sharded, fresh):
+        one.update(full, torch.Generator().manual_seed(2), rows)
+    (single, adamw), (cold, _) = alone(saved), alone(None)
+    out = {"before": _flat(before), "third": [_flat(m) for m in (policy, fresh.replica, single.policy, cold.policy)]}
+    back = resumed(single.policy, _through_file(adamw.state_dict(), Path(folder) / "single.pt", ctx.rank))
+    for one in (sharded, back):
+        one.update(full, torch.Generator().manual_seed(3), rows)
+    out["fourth"] = [_flat(policy), _flat(back.replica)]
+    return out
+
+
+def _through_file(state: dict, path: Path, rank: int) -> dict:
+    """`state` as every rank reads it back from the file that rank 0 writes."""
+    if rank == 0:
+        torch.save(state, path)
+    dist.barrier()
+    return torch.load(path, weights_only=True)
 
 
 def _count_calls(obj, name: str) -> dict:

@@ -57,6 +57,16 @@ def build_buffer(rank: int) -> DrafterBuffer:
     return buffer
 
 
+def step_lrs(stepper: DrafterStepper, n: int) -> list[float]:
+    """The learning rates the next `n` micro-steps of `stepper` take their optimizer steps with."""
+    seen = []
+    hook = stepper.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+    for _ in range(n):
+        stepper.step()
+    hook.remove()
+    return seen
+
+
 class RecordingStepper(DrafterStepper):
     """Records the head after each successful step; raises at micro-step `fail_at` (1-based), once it is
     reached, after setting the store key "test/failed" so the other rank can wait for it."""

@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from tests.tiny_model import random_target
+from tests.training import spot_workers
 from tlt.drafters import load_drafter
 from tlt.drafters.eagle import EagleDrafter
-from tlt.training import drafter_checkpoint
+from tlt.training.drafter import checkpoint as drafter_checkpoint
 from tlt.training.drafter.checkpoint import AsyncDrafterCheckpoint, load_drafter_checkpoint
 
 
@@ -38,6 +39,21 @@ def test_round_trip_with_optimizer_state_step_and_version(trained, tmp_path):
     exp_avg = [s["exp_avg"] for s in restored.state_dict()["state"].values()]
     assert len(exp_avg) == len(list(drafter.head.parameters())) and any(bool(t.any()) for t in exp_avg)
     assert isinstance(load_drafter(tmp_path / "latest"), EagleDrafter)  # a plain drafter folder too
+
+
+def test_a_drafter_steppers_warm_up_resumes_from_its_checkpoint(tmp_path):
+    cfg = spot_workers.DrafterConfig(lr=1e-3, batch_tokens=64, online_warmup_steps=4)
+    stepper = spot_workers.DrafterStepper(spot_workers.build_head(), spot_workers.build_buffer(0), cfg)
+    spot_workers.step_lrs(stepper, 2)
+    checkpoint = AsyncDrafterCheckpoint(tmp_path / "latest")
+    checkpoint.save(EagleDrafter(stepper.head), stepper.optimizer, step=1, version=1)
+    checkpoint.wait()
+    _, state = load_drafter_checkpoint(tmp_path / "latest")
+    # a fresh head: the learning rate depends on the optimizer's state alone
+    resumed = spot_workers.DrafterStepper(spot_workers.build_head(), spot_workers.build_buffer(0), cfg)
+    resumed.optimizer.load_state_dict(state["optimizer"])
+    lrs = spot_workers.step_lrs(resumed, 4)
+    assert lrs == spot_workers.step_lrs(stepper, 4) and lrs == pytest.approx([7.5e-4, 1e-3, 1e-3, 1e-3])
 
 
 def test_the_snapshot_is_taken_when_save_returns(trained, tmp_path):

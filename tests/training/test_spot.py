@@ -1,6 +1,8 @@
 """Spot training across 2 real processes on gloo: training in the long-tail wait, preemption, exact
 step-weighted reconciliation, and a failing rank that keeps its rollout and the previous drafter."""
 
+import io
+
 import pytest
 import torch
 
@@ -108,34 +110,72 @@ def test_budget_grows_with_the_buffer():
     assert stepper.budget() == 8
 
 
-def test_online_learning_rate_warms_up_with_the_optimizers_own_steps():
-    cfg = spot_workers.DrafterConfig(lr=1e-3, batch_tokens=64, online_warmup_steps=4)
-    buffer = spot_workers.build_buffer(0)
-    stepper = spot_workers.DrafterStepper(spot_workers.build_head(), buffer, cfg)
-    seen = []
-    for _ in range(5):
-        seen.append(stepper.learning_rate())
-        stepper.step()
-        assert stepper.optimizer.param_groups[0]["lr"] == seen[-1]
-    assert seen == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
-    resumed = spot_workers.DrafterStepper(stepper.head, buffer, cfg)  # a checkpoint restores the optimizer
-    resumed.optimizer.load_state_dict(stepper.optimizer.state_dict())
-    assert resumed.learning_rate() == pytest.approx(1e-3)
-    stepper.reset()  # a fresh optimizer warms up again
-    assert stepper.learning_rate() == pytest.approx(2.5e-4)
+def _warmup_stepper(online_lr: float | None = None, warmup: int = 4):
+    cfg = spot_workers.DrafterConfig(lr=1e-3, online_lr=online_lr, batch_tokens=64, online_warmup_steps=warmup)
+    return spot_workers.DrafterStepper(spot_workers.build_head(), spot_workers.build_buffer(0), cfg)
 
 
-def test_online_learning_rate_is_drafter_online_lr_when_set():
-    cfg = spot_workers.DrafterConfig(lr=1e-3, online_lr=1e-4, batch_tokens=64, online_warmup_steps=2)
-    stepper = spot_workers.DrafterStepper(spot_workers.build_head(), spot_workers.build_buffer(0), cfg)
-    seen = []
-    for _ in range(3):
-        seen.append(stepper.learning_rate())
-        stepper.step()
-        assert stepper.optimizer.param_groups[0]["lr"] == seen[-1]
-    assert seen == pytest.approx([5e-5, 1e-4, 1e-4])
+def _documented_lr(cfg, taken: int) -> float:
+    """drafter.online_lr (drafter.lr when unset) times the linear warm-up over drafter.online_warmup_steps."""
+    peak = cfg.lr if cfg.online_lr is None else cfg.online_lr
+    return peak * min(1.0, (taken + 1) / max(1, cfg.online_warmup_steps))
+
+
+def _saved_and_loaded(state: dict) -> dict:
+    """`state` through torch.save / torch.load as the trainer's checkpoint reads it (weights_only)."""
+    file = io.BytesIO()
+    torch.save(state, file)
+    file.seek(0)
+    return torch.load(file, weights_only=True)
+
+
+@pytest.mark.parametrize(("online_lr", "warmup"), [(None, 4), (1e-4, 2), (None, 1), (None, 0)])
+def test_learning_rate_warms_up_linearly_then_holds_the_peak(online_lr, warmup):
+    stepper = _warmup_stepper(online_lr, warmup)
+    cfg = stepper.module.cfg
+    assert spot_workers.step_lrs(stepper, 7) == [_documented_lr(cfg, k) for k in range(7)]
+
+
+def test_learning_rate_values_of_a_four_step_warm_up():
+    assert spot_workers.step_lrs(_warmup_stepper(), 5) == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])
+    assert spot_workers.step_lrs(_warmup_stepper(online_lr=1e-4, warmup=2), 3) == pytest.approx([5e-5, 1e-4, 1e-4])
     with pytest.raises(ConfigError, match="drafter.online_lr"):
         spot_workers.DrafterConfig(online_lr=0.0)
+
+
+def test_reset_restarts_the_warm_up():
+    stepper = _warmup_stepper()
+    spot_workers.step_lrs(stepper, 5)
+    stepper.reset()  # a fresh optimizer warms up again
+    assert spot_workers.step_lrs(stepper, 5) == [_documented_lr(stepper.module.cfg, k) for k in range(5)]
+
+
+@pytest.mark.parametrize("taken", [0, 2, 6])  # before any step, inside the warm-up, after it
+def test_a_resumed_stepper_continues_the_uninterrupted_learning_rates(taken):
+    uninterrupted = spot_workers.step_lrs(_warmup_stepper(), 9)
+    first = _warmup_stepper()
+    before = spot_workers.step_lrs(first, taken)
+    resumed = spot_workers.DrafterStepper(first.head, first.buffer, first.module.cfg)
+    resumed.optimizer.load_state_dict(_saved_and_loaded(first.optimizer.state_dict()))
+    assert before + spot_workers.step_lrs(resumed, 9 - taken) == uninterrupted
+
+
+@pytest.mark.parametrize("taken", [0, 2, 6])
+def test_an_optimizer_state_saved_without_the_scheduler_resumes_the_warm_up_at_its_step_count(taken):
+    """The format written before the scheduler: the stepper set each step's lr on a plain AdamW built at
+    drafter.lr, so the saved param groups hold the previous step's lr and no scheduler state."""
+    resumed = _warmup_stepper(online_lr=5e-4)
+    cfg = resumed.module.cfg
+    old = torch.optim.AdamW(spot_workers.build_head().parameters(), lr=cfg.lr, weight_decay=0.0)
+    for k in range(taken):
+        old.param_groups[0]["lr"] = _documented_lr(cfg, k)
+        for p in old.param_groups[0]["params"]:
+            p.grad = torch.ones_like(p)
+        old.step()
+    resumed.optimizer.load_state_dict(_saved_and_loaded(old.state_dict()))
+    assert spot_workers.step_lrs(resumed, 4) == [_documented_lr(cfg, k) for k in range(taken, taken + 4)]
+    resumed.optimizer.load_state_dict(resumed.optimizer.state_dict())  # saved again: the scheduler's state now
+    assert spot_workers.step_lrs(resumed, 2) == [_documented_lr(cfg, k) for k in range(taken + 4, taken + 6)]
 
 
 def _stepper(preempt_tokens: int):

@@ -197,6 +197,19 @@ def test_fsdp_optimizer_state_is_saved_in_the_replicated_layout_and_loads_back(f
     assert torch.equal(continued, loaded)  # a fresh ShardedPolicy from the saved state takes the same step
 
 
+def test_fsdp_optimizer_state_round_trips_through_a_file_to_fsdp_and_to_one_process(tmp_path):
+    """`dp_workers.fsdp_state_round_trip`: the next update from the saved state equals the uninterrupted one."""
+    a, b = launch_cpu(dp_workers.fsdp_state_round_trip, 2, str(tmp_path), timeout_s=120)
+    assert all(torch.equal(x, y) for x, y in zip(a["third"] + a["fourth"], b["third"] + b["fourth"], strict=True))
+    straight, fresh, single, cold = a["third"]
+    assert torch.equal(fresh, straight)  # a fresh 2-rank ShardedPolicy: the same shards, the same step
+    close = {"rtol": 0, "atol": 1e-5}  # float summation order (AdamW moves weights ~5e-3 here)
+    torch.testing.assert_close(single, straight, **close)  # one process's AdamW from the FSDP state
+    assert (straight - a["before"]).abs().max() > 100 * close["atol"]
+    assert (cold - straight).abs().max() > 100 * close["atol"]  # without the saved state the step differs
+    torch.testing.assert_close(a["fourth"][1], a["fourth"][0], **close)  # one process's state back into FSDP
+
+
 def test_an_fsdp_run_resumes_bit_for_bit_with_identical_replicas(fsdp_runs):
     straight, resumed, _ = fsdp_runs
     for out in (straight, resumed):

@@ -14,13 +14,14 @@ A grid file::
           base: baseline.yaml      # optional: this cell's own base config
           overrides: [speculative.enabled=false]
 
-A product cell is named after its key=value pairs as a filesystem-safe slug
-(`speculative.tuner=cost,drafter.kind=eagle` -> `speculative.tuner-cost_drafter.kind-eagle`). Every cell's
-config is built and validated before anything runs: a bad key in any cell stops the whole sweep naming
-that cell. A cell whose folder holds summary.json is skipped (so a sweep resumes; a cell with a checkpoint
-but no summary resumes training, as `tlt train` does); a cell that raises is recorded with its error and
-the sweep goes on. After every cell `<output_dir>/sweep.csv`, `sweep.md` and `sweep.png` (step time per
-cell) are rewritten atomically.
+The file is parsed into a typed `GridFile` (a bad key, type or value fails naming the file and the key), then
+expanded into the `Grid` of `Cell`s to run. A product cell is named after its key=value pairs as a
+filesystem-safe slug (`speculative.tuner=cost,drafter.kind=eagle` ->
+`speculative.tuner-cost_drafter.kind-eagle`). Every cell's config is built and validated before anything runs:
+a bad key in any cell stops the whole sweep naming that cell. A cell whose folder holds summary.json is
+skipped (so a sweep resumes; a cell with a checkpoint but no summary resumes training, as `tlt train` does); a
+cell that raises is recorded with its error and the sweep goes on. After every cell `<output_dir>/sweep.csv`,
+`sweep.md` and `sweep.png` (step time per cell) are rewritten atomically.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import itertools
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -55,10 +56,68 @@ SUMMARY_FIELDS = (
     "idle_train_seconds",
 )
 COLUMNS = ("cell", "status", "overrides", "idle_workers", *SUMMARY_FIELDS, "error")
-_GRID_KEYS = {"base", "output_dir", "overrides", "grid"}
-_CELL_KEYS = {"name", "base", "overrides"}
 
 Runner = Callable[[RunConfig], dict | None]
+
+
+@dataclass(frozen=True)
+class CellEntry:
+    """One entry of the grid file's `grid.cells`, as written."""
+
+    name: str  # the cell's folder name (slugged)
+    base: str | None = None  # this cell's own run config, relative to the grid file; None: the grid's base
+    overrides: tuple[str, ...] = ()  # key=value, applied after the grid's overrides
+
+    @classmethod
+    def parse(cls, raw: object, key: str) -> CellEntry:
+        given = _given(cls, raw, key)
+        name = given["name"]
+        _expect(isinstance(name, str | int) and slug(str(name)), f"{key}.name", "a name with letters or digits", name)
+        return cls(
+            slug(str(name)),
+            _path(given.get("base"), f"{key}.base"),
+            _overrides(given.get("overrides"), f"{key}.overrides"),
+        )
+
+
+@dataclass(frozen=True)
+class GridSection:
+    """The grid file's `grid:` section: explicit cells, then the cartesian product of the axes."""
+
+    cells: tuple[CellEntry, ...] = ()
+    product: dict[str, list] = field(default_factory=dict)  # config key -> the values it takes (non-empty)
+
+    @classmethod
+    def parse(cls, raw: object, key: str = "grid") -> GridSection:
+        given = _given(cls, raw, key)
+        cells, product = given.get("cells", []), given.get("product", {})
+        _expect(isinstance(cells, list), f"{key}.cells", "a list of cells (name, base, overrides)", cells)
+        _expect(isinstance(product, dict), f"{key}.product", "a mapping config key: [values]", product)
+        for axis, values in product.items():
+            _expect(isinstance(values, list) and values, f"{key}.product.{axis}", "a non-empty list of values", values)
+        if not cells and not product:
+            raise ConfigError(f"{key}: no cells; give {key}.cells and/or {key}.product")
+        return cls(tuple(CellEntry.parse(c, f"{key}.cells[{i}]") for i, c in enumerate(cells)), product)
+
+
+@dataclass(frozen=True)
+class GridFile:
+    """A grid file as written (format in the module docstring); paths are relative to the file."""
+
+    base: str  # the run config every cell starts from
+    grid: GridSection
+    output_dir: str | None = None  # None: runs/sweep-<grid file name>
+    overrides: tuple[str, ...] = ()  # key=value applied to every cell
+
+    @classmethod
+    def parse(cls, raw: object) -> GridFile:
+        given = _given(cls, raw, "")
+        return cls(
+            base=_path(given["base"], "base"),
+            grid=GridSection.parse(given["grid"]),
+            output_dir=_path(given.get("output_dir"), "output_dir"),
+            overrides=_overrides(given.get("overrides"), "overrides"),
+        )
 
 
 @dataclass(frozen=True)
@@ -70,6 +129,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class Grid:
+    """The sweep to run: the grid file's cells expanded, paths resolved, command-line options applied."""
+
+    path: Path  # the grid file, named in errors
     base: Path
     output_dir: Path
     overrides: tuple[str, ...]
@@ -92,65 +154,71 @@ def _value(v: object) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
-def _overrides(raw: object, where: str) -> tuple[str, ...]:
+def _expect(ok: object, key: str, allowed: str, value: object) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: got {value!r}; allowed: {allowed}")
+
+
+def _given(cls: type, raw: object, key: str) -> dict:
+    """The keys `raw` gives for the dataclass `cls` (a key left empty counts as absent); ConfigError names an
+    unknown or a missing key."""
+    names = [f.name for f in fields(cls)]
+    _expect(isinstance(raw, dict), key or "the file", "a mapping with keys " + ", ".join(names), raw)
+    prefix = f"{key}." if key else ""
+    for k in raw:
+        if k not in names:
+            raise ConfigError(f"{prefix}{k}: unknown key; allowed: {', '.join(names)}")
+    given = {k: v for k, v in raw.items() if v is not None}
+    for f in fields(cls):
+        if f.default is MISSING and f.default_factory is MISSING and f.name not in given:
+            raise ConfigError(f"{prefix}{f.name}: missing; this key is required")
+    return given
+
+
+def _path(raw: object, key: str) -> str | None:
+    _expect(raw is None or (isinstance(raw, str) and raw), key, "a file path (a string)", raw)
+    return raw
+
+
+def _overrides(raw: object, key: str) -> tuple[str, ...]:
     if raw is None:
         return ()
-    if not isinstance(raw, list) or not all(isinstance(o, str) for o in raw):
-        raise ConfigError(f"{where}: expected a list of key=value strings, got {raw!r}")
+    strings = isinstance(raw, list) and all(isinstance(o, str) for o in raw)
+    _expect(strings, key, "a list of key=value strings", raw)
     bad = [o for o in raw if "=" not in o]
-    if bad:
-        raise ConfigError(f"{where}: override {bad[0]!r} is not of the form key=value")
+    _expect(not bad, key, "key=value strings (e.g. grpo.steps=6)", bad[0] if bad else None)
     return tuple(raw)
 
 
-def expand(spec: dict, root: Path = Path(".")) -> tuple[Cell, ...]:
+def expand(section: GridSection, root: Path = Path(".")) -> tuple[Cell, ...]:
     """The named cells of a grid file's `grid:` section (explicit cells first, then the product)."""
-    if not isinstance(spec, dict) or not spec.keys() & {"product", "cells"}:
-        raise ConfigError("grid: expected a mapping with 'product' and/or 'cells'")
-    unknown = set(spec) - {"product", "cells"}
-    if unknown:
-        raise ConfigError(f"grid: unknown key(s) {sorted(unknown)}; allowed: product, cells")
-    cells: list[Cell] = []
-    for i, raw in enumerate(spec.get("cells") or []):
-        if not isinstance(raw, dict) or "name" not in raw:
-            raise ConfigError(f"grid.cells[{i}]: expected a mapping with a 'name', got {raw!r}")
-        if set(raw) - _CELL_KEYS:
-            raise ConfigError(f"grid.cells[{i}]: unknown key(s) {sorted(set(raw) - _CELL_KEYS)}")
-        name = slug(str(raw["name"]))
-        if not name:
-            raise ConfigError(f"grid.cells[{i}]: empty name")
-        base = root / raw["base"] if raw.get("base") else None
-        cells.append(Cell(name, _overrides(raw.get("overrides"), f"cell {name!r}"), base))
-    product = spec.get("product") or {}
-    if not isinstance(product, dict):
-        raise ConfigError(f"grid.product: expected a mapping key: [values], got {product!r}")
-    for key, values in product.items():
-        if not isinstance(values, list) or not values:
-            raise ConfigError(f"grid.product.{key}: expected a non-empty list of values, got {values!r}")
-    for combo in itertools.product(*product.values()) if product else ():
-        overrides = tuple(f"{k}={_value(v)}" for k, v in zip(product, combo, strict=True))
+    cells = [Cell(c.name, c.overrides, root / c.base if c.base else None) for c in section.cells]
+    axes = section.product
+    for combo in itertools.product(*axes.values()) if axes else ():
+        overrides = tuple(f"{k}={_value(v)}" for k, v in zip(axes, combo, strict=True))
         cells.append(Cell(slug(",".join(overrides)), overrides))
     names = [c.name for c in cells]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ConfigError(f"grid: duplicate cell name(s) {dupes}")
+        raise ConfigError(f"grid: cell name(s) {dupes} given more than once; each cell needs its own (its folder)")
     return tuple(cells)
 
 
 def load_grid(path: str | Path, output_dir: str | Path | None = None, extra: list[str] = ()) -> Grid:
-    """Parse a grid file; `output_dir` and `extra` overrides (applied last, to every cell) from the CLI."""
+    """Parse a grid file; `output_dir` and `extra` overrides (applied last, to every cell) from the CLI.
+
+    A bad key raises ConfigError naming the file and the key."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"grid file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
-    if not isinstance(raw, dict) or "grid" not in raw or "base" not in raw:
-        raise ConfigError(f"{path}: a grid file needs 'base' and 'grid' keys")
-    unknown = set(raw) - _GRID_KEYS
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_GRID_KEYS)}")
-    out = output_dir or raw.get("output_dir") or f"runs/sweep-{path.stem}"
-    overrides = _overrides(raw.get("overrides"), "overrides") + _overrides(list(extra), "command-line overrides")
-    return Grid(path.parent / raw["base"], Path(out), overrides, expand(raw["grid"], path.parent))
+    try:
+        spec = GridFile.parse(yaml.safe_load(path.read_text()) or {})
+        cells = expand(spec.grid, path.parent)
+    except (ConfigError, yaml.YAMLError) as err:
+        raise ConfigError(f"{path}: {err}") from None
+    out = output_dir or spec.output_dir or f"runs/sweep-{path.stem}"
+    overrides = spec.overrides + _overrides(list(extra), "command-line overrides")
+    return Grid(path, path.parent / spec.base, Path(out), overrides, cells)
 
 
 def cell_config(grid: Grid, cell: Cell) -> RunConfig:
@@ -168,7 +236,7 @@ def cell_config(grid: Grid, cell: Cell) -> RunConfig:
                 "set scheduler.policy=never to keep it frozen"
             )
     except ConfigError as err:
-        raise ConfigError(f"sweep cell {cell.name!r}: {err}") from None
+        raise ConfigError(f"{grid.path}: sweep cell {cell.name!r}: {err}") from None
     return cfg
 
 

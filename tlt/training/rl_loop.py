@@ -49,12 +49,12 @@ from tlt.training.drafter.spot import DrafterStepper
 from tlt.training.grpo import (
     GRPOBatch,
     GRPOModule,
+    UpdateStats,
     group_advantages,
     make_batch,
     old_logprobs_source,
     recompute_old_logprobs,
     rollout_old_logprobs,
-    token_mean,
     update_policy,
 )
 from tlt.training.weight_push import push
@@ -185,13 +185,127 @@ def decode_timeline(steps: list[DecodeStepStats]) -> list[list]:
     return runs
 
 
-def decode_stats(steps: list[DecodeStepStats]) -> tuple[float, float]:
-    """(acceptance length per SD verify and row, share of decode-step tokens from SD steps) of a generate."""
+def decode_sums(steps: list[DecodeStepStats]) -> list[float]:
+    """What `decode_stats` divides, summable over ranks: [accepted + rows of SD steps, rows of SD steps, tokens
+    of SD steps, tokens of all decode steps]."""
     sd = [s for s in steps if s.sd_on]
     rows = sum(s.running_batch for s in sd)
-    accept = (sum(s.accepted_tokens for s in sd) + rows) / rows if rows else 0.0
-    total = sum(s.generated_tokens for s in steps)
-    return accept, sum(s.generated_tokens for s in sd) / total if total else 0.0
+    return [
+        float(sum(s.accepted_tokens for s in sd) + rows),
+        float(rows),
+        float(sum(s.generated_tokens for s in sd)),
+        float(sum(s.generated_tokens for s in steps)),
+    ]
+
+
+def decode_stats(steps: list[DecodeStepStats]) -> tuple[float, float]:
+    """(acceptance length per SD verify and row, share of decode-step tokens from SD steps) of a generate."""
+    return _decode_ratios(decode_sums(steps))
+
+
+def _decode_ratios(sums: list[float]) -> tuple[float, float]:
+    return sums[0] / sums[1] if sums[1] else 0.0, sums[2] / sums[3] if sums[3] else 0.0
+
+
+@dataclass
+class Generated:
+    """A rank's rollout of its prompts, before its local work."""
+
+    problems: list[MathProblem]
+    rollouts: list[Rollout]
+    decode: list[float]  # `decode_sums` of the generate
+    timeline: list[list]  # `decode_timeline` of the generate
+    start: float  # clock at the start of the step
+    end: float  # clock at the end of the generation
+
+
+@dataclass
+class Share:
+    """A rank's rollout after its local work: what it brings to the policy update."""
+
+    rollouts: list[Rollout]
+    rewards: torch.Tensor  # [b]
+    reward_errors: int  # responses the reward function could not grade
+    batch: GRPOBatch  # old (and reference) log-probs filled in
+    decode: list[float]  # `decode_sums` of the generate
+    timeline: list[list]  # `decode_timeline` of the generate
+    generate_seconds: float
+    local_seconds: float  # rewards, advantages, recompute and buffer fill
+    end: float  # clock at the end of the share
+
+
+@dataclass
+class Overlap:
+    """Drafter training and waiting between the end of a rank's share and the step's policy update: none in
+    one process; on N processes what `SpotWorker` did while other ranks still rolled out."""
+
+    idle: float = 0.0  # seconds waited for the other ranks
+    idle_train: float = 0.0  # of those, seconds spent in drafter micro-steps
+    drafter_steps: int = 0  # micro-steps that entered the reconciled drafter
+    spot_steps: int = 0  # micro-steps in idle time
+    losses: list[float] = field(default_factory=list)
+
+
+@dataclass
+class RankPart:
+    """What one rank contributes to a step's metrics (gathered from every rank, then `combine`d)."""
+
+    lengths: list[int]  # response tokens per rollout of its share
+    rewards: list[float]
+    reward_errors: int
+    truncated: int  # rollouts that hit the length limit
+    decode: list[float]  # `decode_sums` of its decode steps
+    timeline: list  # `decode_timeline` of its rollout
+    gap: float  # summed |pi_old - sampler| log-prob gap over its loss tokens
+    gap_tokens: float
+    generate: float  # seconds: its rollout share
+    local: float  # its local work on the share (rewards, pi_old, buffer)
+    drafter: float  # waiting for the other ranks after its share, and drafter training after the update
+    update: float  # the policy update
+    push: float
+    overlap: Overlap
+    drafter_steps: int  # micro-steps of its drafter training, in idle time or after the update
+    losses: list[float]  # their losses
+    buffer: int  # drafter-buffer samples
+
+
+def combine(parts: list[RankPart], step: int, version: int, update: UpdateStats) -> StepMetrics:
+    """The step's `StepMetrics` from every rank's part (one in one process; data_parallel's module doc: what
+    each field means over ranks)."""
+    lengths = [n for p in parts for n in p.lengths]
+    rewards = torch.tensor([r for p in parts for r in p.rewards])
+    accept, sd_share = _decode_ratios([sum(p.decode[i] for p in parts) for i in range(4)])
+    gap, gap_tokens = sum(p.gap for p in parts), sum(p.gap_tokens for p in parts)
+    losses = [x for p in parts for x in p.losses]
+    stats = LengthStats.of(lengths)
+    return StepMetrics(
+        step=step,
+        version=version,
+        num_samples=len(lengths),
+        reward_mean=rewards.mean().item(),
+        reward_errors=sum(p.reward_errors for p in parts),
+        accuracy=(rewards >= 1).float().mean().item(),
+        response_len_mean=stats.mean,
+        response_len_p50=stats.p50,
+        response_len_p90=stats.p90,
+        response_len_max=stats.max,
+        truncated=sum(p.truncated for p in parts) / len(lengths),
+        rollout_seconds=max(p.generate for p in parts),
+        train_seconds=max(p.local for p in parts) + max(p.update for p in parts),
+        drafter_seconds=min(p.drafter for p in parts),
+        push_seconds=max(p.push for p in parts),
+        accept_length=accept,
+        sd_token_share=sd_share,
+        **asdict(update),
+        logprob_gap=gap / max(gap_tokens, 1),
+        drafter_steps=sum(p.drafter_steps for p in parts),
+        drafter_loss=sum(losses) / len(losses) if losses else None,
+        buffer_samples=sum(p.buffer for p in parts),
+        spot_steps=sum(p.overlap.spot_steps for p in parts),
+        idle_seconds=sum(p.overlap.idle for p in parts),
+        idle_train_seconds=sum(p.overlap.idle_train for p in parts),
+        timeline=max(parts, key=lambda p: p.generate).timeline,
+    )
 
 
 class RLTrainer:
@@ -308,52 +422,75 @@ class RLTrainer:
         return buffer, DrafterStepper(self.drafter.head, buffer, d)
 
     def step(self) -> StepMetrics:
-        """One RL step; returns its metrics. The engine runs the new version afterwards."""
-        problems = self.sampler.next()
+        """One RL step (module doc); returns its metrics. The engine runs the new version afterwards. On N
+        processes (`DistributedRLTrainer`) the same sequence with a rank's hooks: `_share` rolls out its part of
+        the prompts and waits for the other ranks (training the drafter meanwhile), `_update` is collective,
+        `_gather` collects every rank's part of the metrics."""
         start = self._clock()
-        rollouts = self._rollout(problems)
-        accept, sd_share = decode_stats(self.engine.step_stats)
-        rollout_end = self._clock()
-        self._write_drafter_checkpoint()
-        rewards, reward_errors = self._rewards(rollouts, problems)
-        batch = self._old_logprobs(self._batch(rollouts, rewards), rollouts)
-        update = update_policy(self.module, self.optimizer, batch, self.generator)
-        train_end = self._clock()
-        drafter_losses = self._train_drafter(train_end - start)
+        share, overlap = self._share(self.sampler.next(), start)
+        reconciled = self._clock()
+        update = self._update(share.batch)
+        update_end = self._clock()
+        losses = self._train_drafter(update_end - start)
         drafter_end = self._clock()
         self.version += 1
         self._push()
-        push_end = self._clock()
-        lengths = LengthStats.of([r.token_ids.numel() for r in rollouts])
-        gap = token_mean((batch.old_logprobs - batch.sampler_logprobs).abs(), batch.loss_mask).item()
-        metrics = StepMetrics(
-            step=self.step_index,
-            version=self.version,
-            num_samples=len(rollouts),
-            reward_mean=rewards.mean().item(),
-            reward_errors=reward_errors,
-            accuracy=(rewards >= 1).float().mean().item(),
-            response_len_mean=lengths.mean,
-            response_len_p50=lengths.p50,
-            response_len_p90=lengths.p90,
-            response_len_max=lengths.max,
-            truncated=sum(r.finish_reason is FinishReason.LENGTH for r in rollouts) / len(rollouts),
-            rollout_seconds=rollout_end - start,
-            train_seconds=train_end - rollout_end,
-            drafter_seconds=drafter_end - train_end,
-            push_seconds=push_end - drafter_end,
-            accept_length=accept,
-            sd_token_share=sd_share,
-            **asdict(update),
-            logprob_gap=gap,
-            drafter_steps=len(drafter_losses),
-            drafter_loss=sum(drafter_losses) / len(drafter_losses) if drafter_losses else None,
-            buffer_samples=0 if self.buffer is None else len(self.buffer),
-            timeline=decode_timeline(self.engine.step_stats),
-        )
-        metrics = self._checkpoint_drafter(metrics)
+        drafter = reconciled - share.end + drafter_end - update_end
+        part = self._part(share, overlap, losses, drafter, update_end - reconciled, self._clock() - drafter_end)
+        metrics = self._checkpoint_drafter(combine(self._gather(part), self.step_index, self.version, update))
         self.step_index += 1
         return metrics
+
+    def _share(self, problems: list[MathProblem], start: float) -> tuple[Share, Overlap]:
+        """The rollout of `problems` and its local work; in one process there is no one to wait for."""
+        generated = self._generate(problems, start)
+        self._write_drafter_checkpoint()
+        return self._prepare(generated), Overlap()
+
+    def _generate(self, problems: list[MathProblem], start: float) -> Generated:
+        rollouts = self._rollout(problems)
+        stats = self.engine.step_stats
+        return Generated(problems, rollouts, decode_sums(stats), decode_timeline(stats), start, self._clock())
+
+    def _prepare(self, gen: Generated) -> Share:
+        """Rewards, advantages, recompute and buffer fill of the rollouts."""
+        rewards, errors = self._rewards(gen.rollouts, gen.problems)
+        batch = self._old_logprobs(self._batch(gen.rollouts, rewards), gen.rollouts)
+        end = self._clock()
+        seconds = gen.end - gen.start, end - gen.end
+        return Share(gen.rollouts, rewards, errors, batch, gen.decode, gen.timeline, *seconds, end)
+
+    def _update(self, batch: GRPOBatch) -> UpdateStats:
+        return update_policy(self.module, self.optimizer, batch, self.generator)
+
+    def _part(
+        self, share: Share, overlap: Overlap, losses: list[float], drafter: float, update: float, push: float
+    ) -> RankPart:
+        """This process's part of the step's metrics (seconds: module doc of data_parallel)."""
+        mask = share.batch.loss_mask
+        gap = ((share.batch.old_logprobs - share.batch.sampler_logprobs).abs() * mask).sum().item()
+        return RankPart(
+            lengths=[r.token_ids.numel() for r in share.rollouts],
+            rewards=share.rewards.tolist(),
+            reward_errors=share.reward_errors,
+            truncated=sum(r.finish_reason is FinishReason.LENGTH for r in share.rollouts),
+            decode=share.decode,
+            timeline=share.timeline,
+            gap=gap,
+            gap_tokens=mask.sum().item(),
+            generate=share.generate_seconds,
+            local=share.local_seconds,
+            drafter=drafter,
+            update=update,
+            push=push,
+            overlap=overlap,
+            drafter_steps=overlap.drafter_steps + len(losses),
+            losses=overlap.losses + losses,
+            buffer=0 if self.buffer is None else len(self.buffer),
+        )
+
+    def _gather(self, part: RankPart) -> list[RankPart]:
+        return [part]
 
     def state_dict(self) -> dict:
         """What the next steps depend on beyond the policy and drafter weights (the caller saves those as an

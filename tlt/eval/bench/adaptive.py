@@ -197,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
     from tlt.machine import describe_machine
     from tlt.models.io import load_hf_folder
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="tlt bench adaptive", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--target", required=True, help="HF folder of the base policy")
     p.add_argument("--drafter", help="saved tlt drafter folder (default: the model-free ngram drafter)")
     p.add_argument("--strategies", default="2_1_3,3_1_4,4_1_5,3_2_6")

@@ -165,7 +165,7 @@ def run(s: PackingBenchSettings) -> dict:
 
 
 def parse_args(argv=None) -> tuple[PackingBenchSettings, Path | None]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="tlt bench packing", description=__doc__.split("\n\n")[0])
     for name, value in asdict(PackingBenchSettings()).items():
         p.add_argument("--" + name.replace("_", "-"), type=type(value), default=value)
     p.add_argument("--out", type=Path, default=None, help="JSON results file")

@@ -39,25 +39,22 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 from functools import partial
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tlt.backends.base import DecodeStepStats, FinishReason, Rollout
 from tlt.config import ConfigError, RunConfig
 from tlt.data.rewards import math_rewards
 from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
-from tlt.eval.heldout import LengthStats
 from tlt.schedulers.idle import IdleScheduler, Policy
 from tlt.training.checkpoint import RANK_LOCAL, rng_state, save_checkpoint
 from tlt.training.distributed.fsdp import ShardedPolicy
 from tlt.training.drafter.spot import DrafterStepper, SpotWorker
 from tlt.training.grpo import GRPOBatch, GRPOModule, UpdateStats, update_policy
-from tlt.training.rl_loop import RewardFn, RLTrainer, StepMetrics, decode_timeline, sharding_error
+from tlt.training.rl_loop import Overlap, RankPart, RewardFn, RLTrainer, Share, sharding_error
 
 POLL_SECONDS = 0.001  # the store wait of a step without drafter training
 GATHERED = ("input_ids", "attention_mask", "response_mask", "advantages", "old_logprobs", "ref_logprobs")
@@ -201,33 +198,6 @@ class _LossRecorder:
         return self.stepper.budget()
 
 
-@dataclass
-class _Generated:
-    """One rank's rollout share, before its local work."""
-
-    problems: list[MathProblem]
-    rollouts: list[Rollout]
-    decode: list[float]  # see _Share
-    timeline: list[list]  # rl_loop.decode_timeline of the generate
-    start: float  # clock at the start of the step
-    end: float  # clock at the end of the generation
-
-
-@dataclass
-class _Share:
-    """One rank's part of a step before the collectives."""
-
-    rollouts: list[Rollout]
-    rewards: torch.Tensor  # [b]
-    reward_errors: int  # responses the reward function could not grade
-    batch: GRPOBatch  # old (and reference) log-probs filled in
-    decode: list[float]  # accepted + rows of SD verifies, rows, SD-step tokens, decode-step tokens
-    timeline: list[list]  # rl_loop.decode_timeline of the generate
-    generate_seconds: float
-    local_seconds: float  # rewards, advantages, recompute and buffer fill
-    end: float  # clock at the end of the share
-
-
 class DistributedRLTrainer(RLTrainer):
     """`RLTrainer` on one rank of the default process group; `step` is collective (module doc).
 
@@ -266,63 +236,41 @@ class DistributedRLTrainer(RLTrainer):
             scheduler = IdleScheduler.from_config(cfg.scheduler, self.world_size)
             self.spot = SpotWorker(self.recorder, store, scheduler)
 
-    def step(self) -> StepMetrics:
-        problems = self.sampler.next()  # the same on every rank
+    def _share(self, problems: list[MathProblem], start: float) -> tuple[Share, Overlap]:
+        """This rank's share of the prompts rolled out and prepared, then the wait for every rank's, training
+        the drafter in it (`SpotWorker`; module doc, 1-2)."""
         first, count = shard(len(problems), self.rank, self.world_size)
-        start = self._clock()
-        spot = None
         mine = problems[first : first + count]
         if self.spot is None:
             share = self._prepare(self._generate(mine, start))
-            idle = self._wait_for_all()
-        else:
-            self.recorder.losses.clear()
-            spot = self.spot.run_step(
-                lambda: self._generate(mine, start), self._prepare, self._write_drafter_checkpoint
-            )
-            share, idle = spot.rollout, spot.stats.idle_seconds
-        reconciled = self._clock()
-        update = self._update(gather_rows(share.batch))
-        update_end = self._clock()
-        self.version += 1
-        self._push()
-        push_end = self._clock()
-        mask = share.batch.loss_mask
-        gap = ((share.batch.old_logprobs - share.batch.sampler_logprobs).abs() * mask).sum().item()
-        ok = spot is not None and spot.error is None
+            return share, Overlap(idle=self._wait_for_all())
+        self.recorder.losses.clear()
+        spot = self.spot.run_step(lambda: self._generate(mine, start), self._prepare, self._write_drafter_checkpoint)
+        ok = spot.error is None
         in_idle = ok and self.spot.scheduler.policy is Policy.SPOT  # spot: every micro-step is in idle time
-        part = RankPart(
-            lengths=[r.token_ids.numel() for r in share.rollouts],
-            rewards=share.rewards.tolist(),
-            reward_errors=share.reward_errors,
-            truncated=sum(r.finish_reason is FinishReason.LENGTH for r in share.rollouts),
-            decode=share.decode,
-            timeline=share.timeline,
-            gap=gap,
-            gap_tokens=mask.sum().item(),
-            generate=share.generate_seconds,
-            local=share.local_seconds,
-            after_share=reconciled - share.end,
-            update=update_end - reconciled,
-            push=push_end - update_end,
-            drafter_steps=spot.weights[self.rank] if spot is not None else 0,
-            losses=list(self.recorder.losses) if ok else [],
-            spot_steps=spot.stats.micro_steps if in_idle else 0,
-            idle=idle,
+        overlap = Overlap(
+            idle=spot.stats.idle_seconds,
             idle_train=spot.stats.train_seconds if in_idle else 0.0,
-            buffer=0 if self.buffer is None else len(self.buffer),
+            drafter_steps=spot.weights[self.rank],
+            spot_steps=spot.stats.micro_steps if in_idle else 0,
+            losses=list(self.recorder.losses) if ok else [],
         )
-        parts: list[RankPart | None] = [None] * self.world_size
-        dist.all_gather_object(parts, part)
-        metrics = self._checkpoint_drafter(combine(parts, self.step_index, self.version, update))
-        self.step_index += 1
-        return metrics
+        return spot.rollout, overlap
 
     def _update(self, batch: GRPOBatch) -> UpdateStats:
-        """The data-parallel policy update over the step's global `batch` (collective)."""
+        """The data-parallel policy update over every rank's rows (collective)."""
+        batch = gather_rows(batch)
         if self.sharded is None:
             return update_policy_sharded(self.module, self.optimizer, batch, self.generator)
         return self.sharded.update(batch, self.generator, rows_by_length(batch))
+
+    def _train_drafter(self, step_seconds: float) -> list[float]:
+        return []  # trained in the wait (`_share`)
+
+    def _gather(self, part: RankPart) -> list[RankPart]:
+        parts: list[RankPart | None] = [None] * self.world_size
+        dist.all_gather_object(parts, part)
+        return parts
 
     def _optimizer_state(self) -> dict:
         return super()._optimizer_state() if self.sharded is None else self.sharded.optimizer_state()
@@ -347,20 +295,6 @@ class DistributedRLTrainer(RLTrainer):
         """Each rank samples its share from its own stream (at N = 1 the single-process seed)."""
         return super()._rollout_seed() * self.world_size + self.rank
 
-    def _generate(self, problems: list[MathProblem], start: float) -> _Generated:
-        """This rank's rollout share; no collective."""
-        rollouts = self._rollout(problems)
-        stats = self.engine.step_stats
-        return _Generated(problems, rollouts, _decode_sums(stats), decode_timeline(stats), start, self._clock())
-
-    def _prepare(self, gen: _Generated) -> _Share:
-        """Rewards, advantages, recompute and buffer fill of this rank's rollouts; no collective."""
-        rewards, errors = self._rewards(gen.rollouts, gen.problems)
-        batch = self._old_logprobs(self._batch(gen.rollouts, rewards), gen.rollouts)
-        end = self._clock()
-        local = end - gen.end
-        return _Share(gen.rollouts, rewards, errors, batch, gen.decode, gen.timeline, gen.end - gen.start, local, end)
-
     def _wait_for_all(self) -> float:
         """Count this rank's share done in the store and poll until every rank's is; returns the seconds
         waited. (A collective would time out behind a long rollout; the store has no deadline here.)"""
@@ -383,83 +317,6 @@ def check_world(cfg: RunConfig, world_size: int) -> None:
             f"rollout.prompts_per_step: got {cfg.rollout.prompts_per_step} for {world_size} processes; each "
             f"rank rolls out whole groups, so it needs at least {world_size} (one prompt per rank)"
         )
-
-
-@dataclass
-class RankPart:
-    """What one rank contributes to a step's metrics (gathered from every rank, then `combine`d)."""
-
-    lengths: list[int]  # response tokens per rollout of its share
-    rewards: list[float]
-    reward_errors: int
-    truncated: int  # rollouts that hit the length limit
-    decode: list[float]  # `_decode_sums` of its decode steps
-    timeline: list  # `rl_loop.decode_timeline` of its rollout
-    gap: float  # summed |pi_old - sampler| log-prob gap over its loss tokens
-    gap_tokens: float
-    generate: float  # seconds: its rollout share
-    local: float  # its local work on the share (rewards, pi_old, buffer)
-    after_share: float  # from the end of its share to the reconciliation (waiting or training the drafter)
-    update: float  # the collective policy update
-    push: float
-    drafter_steps: int
-    losses: list[float]  # its drafter micro-step losses
-    spot_steps: int  # micro-steps in idle time
-    idle: float
-    idle_train: float  # of the idle seconds, those spent in drafter micro-steps
-    buffer: int  # drafter-buffer samples
-
-
-def combine(parts: list[RankPart], step: int, version: int, update: UpdateStats) -> StepMetrics:
-    """The step's `StepMetrics` from every rank's part (module doc: what each field means over ranks)."""
-    lengths = [n for p in parts for n in p.lengths]
-    rewards = torch.tensor([r for p in parts for r in p.rewards])
-    decode = [sum(p.decode[i] for p in parts) for i in range(4)]
-    gap, gap_tokens = sum(p.gap for p in parts), sum(p.gap_tokens for p in parts)
-    losses = [x for p in parts for x in p.losses]
-    stats = LengthStats.of(lengths)
-    slowest = max(parts, key=lambda p: p.generate)
-    return StepMetrics(
-        step=step,
-        version=version,
-        num_samples=len(lengths),
-        reward_mean=rewards.mean().item(),
-        reward_errors=sum(p.reward_errors for p in parts),
-        accuracy=(rewards >= 1).float().mean().item(),
-        response_len_mean=stats.mean,
-        response_len_p50=stats.p50,
-        response_len_p90=stats.p90,
-        response_len_max=stats.max,
-        truncated=sum(p.truncated for p in parts) / len(lengths),
-        rollout_seconds=max(p.generate for p in parts),
-        train_seconds=max(p.local for p in parts) + max(p.update for p in parts),
-        drafter_seconds=min(p.after_share for p in parts),
-        push_seconds=max(p.push for p in parts),
-        accept_length=decode[0] / decode[1] if decode[1] else 0.0,
-        sd_token_share=decode[2] / decode[3] if decode[3] else 0.0,
-        **asdict(update),
-        logprob_gap=gap / max(gap_tokens, 1),
-        drafter_steps=sum(p.drafter_steps for p in parts),
-        drafter_loss=sum(losses) / len(losses) if losses else None,
-        buffer_samples=sum(p.buffer for p in parts),
-        spot_steps=sum(p.spot_steps for p in parts),
-        idle_seconds=sum(p.idle for p in parts),
-        idle_train_seconds=sum(p.idle_train for p in parts),
-        timeline=slowest.timeline,
-    )
-
-
-def _decode_sums(steps: list[DecodeStepStats]) -> list[float]:
-    """The sums behind `rl_loop.decode_stats`, to add over ranks: [accepted + rows of SD steps, rows of SD
-    steps, tokens of SD steps, tokens of all decode steps]."""
-    sd = [s for s in steps if s.sd_on]
-    rows = sum(s.running_batch for s in sd)
-    return [
-        float(sum(s.accepted_tokens for s in sd) + rows),
-        float(rows),
-        float(sum(s.generated_tokens for s in sd)),
-        float(sum(s.generated_tokens for s in steps)),
-    ]
 
 
 # ---- checkpoints and consistency ------------------------------------------------------------------------

@@ -17,7 +17,8 @@ result equals it up to float summation order. FSDP needs every rank to run as ma
 fewer micro-batches in a minibatch adds passes of weight 0 (`grpo.accumulate_loss`, `passes`).
 
 Checkpoints hold the optimizer state gathered into the replicated layout (integer keys in parameter order,
-full tensors), so a checkpoint resumes under either `train.sharding`.
+full tensors), so a checkpoint resumes under either `train.sharding`: `torch.distributed.checkpoint.state_dict`
+gathers and shards it, keyed by parameter name, which `ShardedPolicy` maps to and from the integer keys.
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ from functools import partial
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from tlt.config import GRPOConfig
 from tlt.training.grpo import (
@@ -90,37 +95,44 @@ class ShardedPolicy:
             full.copy_(part.full_tensor())
 
     def optimizer_state(self) -> dict:
-        """The optimizer's state dict as a replicated policy's AdamW would have it: full tensors, on CPU, copies
-        (collective: the ranks gather each sharded tensor together)."""
-        state = self.optimizer.state_dict()
-        full = {index: {k: _full_copy(v) for k, v in entry.items()} for index, entry in sorted(state["state"].items())}
-        return {"state": full, "param_groups": copy.deepcopy(state["param_groups"])}
+        """The optimizer's state dict as a replicated policy's AdamW has it (integer keys in parameter order, full
+        tensors on CPU) on rank 0, {} on the others (collective: the ranks gather each sharded tensor together)."""
+        if not self.optimizer.state:  # never stepped (DCP would initialise the state by a step at lr 0)
+            return copy.deepcopy(self.optimizer.state_dict())
+        state = get_optimizer_state_dict(self.module.policy, self.optimizer, options=_SAVE)
+        if not state:
+            return state
+        names = [name for group in state["param_groups"] for name in group["params"]]
+        return _rekeyed(state, {name: index for index, name in enumerate(names)})
 
     def load_optimizer_state(self, state: dict) -> None:
-        """Load a replicated layout's optimizer state (`optimizer_state`, or a replicated run's), each rank
-        keeping its shard of every tensor shaped like its parameter."""
-        params = [p for group in self.optimizer.param_groups for p in group["params"]]  # state_dict's order
-        sharded = {
-            index: {key: _shard_like(value, params[int(index)]) for key, value in entry.items()}
-            for index, entry in state["state"].items()
-        }
-        self.optimizer.load_state_dict({"state": sharded, "param_groups": state["param_groups"]})
+        """Load rank 0's `state` (`optimizer_state`, or a replicated run's) into every rank's shards
+        (collective: rank 0 broadcasts each tensor; the other ranks' `state` is not read)."""
+        names = {param: name for name, param in self.module.policy.named_parameters()}
+        order = [names[param] for group in self.optimizer.param_groups for param in group["params"]]
+        by_name = _rekeyed(state, dict(enumerate(order))) if dist.get_rank() == 0 else {}
+        set_optimizer_state_dict(self.module.policy, self.optimizer, by_name, options=_LOAD)
 
 
-def _full_copy(value):
-    if isinstance(value, DTensor):
-        return value.full_tensor().cpu()
-    return value.detach().cpu().clone() if torch.is_tensor(value) else value
+# Full tensors: gathered onto rank 0's CPU to save, broadcast from rank 0 to load (every rank keeps its shard).
+_SAVE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_LOAD = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 
 
-def _shard_like(value, param: DTensor):
-    """A full tensor shaped like `param` as a DTensor split like it (taken from this rank's copy, no
-    communication); anything else (AdamW's step count) as a copy: the optimizer steps it in place."""
-    if not torch.is_tensor(value):
-        return value
-    if value.dim() == 0 or tuple(value.shape) != tuple(param.shape):
-        return value.clone()
-    return distribute_tensor(value.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+def _rekeyed(state: dict, new_key: dict) -> dict:
+    """An optimizer state dict with parameter key `k` replaced by `new_key[k]` (DCP keys by parameter name,
+    `Optimizer.state_dict` by position in the param groups)."""
+    groups = [{**group, "params": [new_key[k] for k in group["params"]]} for group in state["param_groups"]]
+    entries = {new_key[k]: _own_scalars(entry) for k, entry in state["state"].items()}
+    return {"state": entries, "param_groups": groups}
+
+
+def _own_scalars(entry: dict) -> dict:
+    """A parameter's state with copies of its 0-dim tensors (AdamW's step count): DCP passes them through as
+    they are, both ways, and the optimizer increments its step in place."""
+    return {
+        key: value.clone() if torch.is_tensor(value) and value.dim() == 0 else value for key, value in entry.items()
+    }
 
 
 def _sum_over_ranks(sums: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.optim.lr_scheduler import LambdaLR
 
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle_head import EagleHead
@@ -52,12 +53,13 @@ class DrafterStepper:
 
     EAGLE-1 loss of `DrafterModule`, gradient clipping at 1.0 as in offline training, learning rate
     cfg.online_lr (cfg.lr when unset) after a linear warm-up over cfg.online_warmup_steps (online training has
-    no end to decay towards). The warm-up counts the optimizer's own steps, so it resumes with it and restarts
-    with a fresh optimizer: a fresh AdamW moves every weight by about lr on its first steps whatever the
-    gradient, which knocked a trained head from 3.6 to 2.4 tokens per verify in two steps at lr 1e-3
-    (eval/drift.py). `budget()` caps the micro-steps of
-    one RL step at cfg.max_epochs_per_step passes over the buffer: early on, when the buffer holds one step's
-    rollouts, more steps than that only overfit the head to them.
+    no end to decay towards): `scheduler` steps after each optimizer step. The warm-up counts the optimizer's
+    own steps (a loaded optimizer state sets it), so it resumes with the optimizer and restarts with a fresh one
+    (`reset`): a fresh AdamW moves every weight by about lr on its first
+    steps whatever the gradient, which knocked a trained head from 3.6 to 2.4 tokens per verify in two steps at
+    lr 1e-3 (eval/drift.py). `budget()` caps the micro-steps of one RL step at cfg.max_epochs_per_step passes
+    over the buffer: early on, when the buffer holds one step's rollouts, more steps than that only overfit the
+    head to them.
     """
 
     def __init__(self, head: EagleHead, buffer: DrafterBuffer, cfg: DrafterConfig):
@@ -71,23 +73,30 @@ class DrafterStepper:
         return self.module.head
 
     def reset(self) -> None:
-        """Fresh optimizer state (after a failed step left it suspect), head in eval mode."""
+        """Fresh optimizer state and warm-up (after a failed step left them suspect), head in eval mode."""
         self.head.eval()
-        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=self.module.cfg.lr, weight_decay=0.0)
+        cfg = self.module.cfg
+        peak = cfg.lr if cfg.online_lr is None else cfg.online_lr
+        self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=peak, weight_decay=0.0)
+        self.scheduler = LambdaLR(self.optimizer, self._warmup)
+        self.optimizer.register_load_state_dict_pre_hook(self._load_scheduler)
 
     def budget(self) -> int:
         """Micro-steps this RL step may take: cfg.max_epochs_per_step passes over the buffer's tokens."""
         cfg = self.module.cfg
         return math.ceil(cfg.max_epochs_per_step * self.buffer.num_tokens / cfg.batch_tokens)
 
-    def learning_rate(self) -> float:
-        """The online peak learning rate scaled by the warm-up: (steps taken + 1) / cfg.online_warmup_steps, at
-        most 1."""
-        cfg = self.module.cfg
-        state = self.optimizer.state.get(self.head.fc.weight, {})
-        taken = int(state["step"]) if "step" in state else 0
-        peak = cfg.lr if cfg.online_lr is None else cfg.online_lr
-        return peak * min(1.0, (taken + 1) / max(1, cfg.online_warmup_steps))
+    def _warmup(self, taken: int) -> float:
+        """The peak learning rate's factor after `taken` optimizer steps: (taken + 1) / cfg.online_warmup_steps,
+        at most 1."""
+        return min(1.0, (taken + 1) / max(1, self.module.cfg.online_warmup_steps))
+
+    def _load_scheduler(self, optimizer: torch.optim.Optimizer, state: dict) -> dict:
+        """Optimizer load_state_dict pre-hook: the warm-up resumes at the saved state's step count, with this
+        config's learning rate (the saved groups' lr is the previous step's)."""
+        taken = max((int(s["step"]) for s in state["state"].values()), default=0)
+        self.scheduler = LambdaLR(optimizer, self._warmup, last_epoch=taken - 1)  # sets the lr of step taken + 1
+        return {**state, "param_groups": optimizer.state_dict()["param_groups"]}
 
     def step(self, stop: Callable[[], bool] | None = None) -> float:
         """One optimizer step; returns its loss (the token mean over the rows it trained on).
@@ -98,8 +107,6 @@ class DrafterStepper:
         whole micro-step (on the 8-layer `small` policy a 4096-token micro-step takes ~0.8 s). Without a stop,
         the step is the whole batch's (up to float summation order). A batch without loss tokens takes no step.
         """
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.learning_rate()
         batch = next(self.batches).to(self.head.fc.weight.device)
         chunks = batch.row_chunks(self.module.cfg.preempt_tokens)
         self.head.train()
@@ -119,6 +126,7 @@ class DrafterStepper:
                     p.grad.div_(tokens)
             torch.nn.utils.clip_grad_norm_(self.head.parameters(), 1.0)
             self.optimizer.step()
+            self.scheduler.step()
         self.head.eval()
         return loss_sum / max(tokens, 1)
 

@@ -77,7 +77,7 @@ STOP_HELP = (
 def build_parser() -> argparse.ArgumentParser:
     d = BenchSettings(target="", out="")
     p = argparse.ArgumentParser(
-        prog="python -m tlt.eval.bench.sd.cli",
+        prog="tlt bench rollout",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
