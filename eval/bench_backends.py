@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from tlt.backends.base import SamplingParams  # noqa: E402
 from tlt.eval.train_runs import train_metrics  # noqa: E402
-from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
+from tlt.files import write_report  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
 
 SETUPS = ("native-plain", "native-sd", "native-adaptive", "vllm-plain", "vllm-sd", "vllm-ngram")
@@ -240,14 +240,10 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    report = run_e2e(args) if args.e2e else run_rollouts(args)
-    text = render_e2e(report) if args.e2e else render(report)
-    name = "e2e" if args.e2e else "backends"
-    atomic_write_json(out / f"{name}.json", report)
-    atomic_write_text(out / f"{name}.md", text)
-    print(text)
+    if args.e2e:
+        print(write_report(Path(args.out) / "e2e.md", run_e2e(args), render_e2e))
+    else:
+        print(write_report(Path(args.out) / "backends.md", run_rollouts(args), render))
     return 0
 
 

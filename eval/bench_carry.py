@@ -10,6 +10,8 @@ price of carrying SD: the tuner's select / update per step, buffering the target
 re-indexing that buffer as rows finish, and the drafter's catch-up over the rows still running. A round in
 which the tuner explores SD draws other samples; the median of the per-round ratios is robust to those.
 
+Writes carry.json (the rounds) and carry.md.
+
   python -m eval.bench_carry --target runs/quickstart/model --rounds 20 --out runs/bench-carry
 """
 
@@ -38,7 +40,8 @@ def run_round(engine: NativeEngine, prompts, params: SamplingParams, n: int) -> 
     }
 
 
-def markdown(args: argparse.Namespace, machine: str, rounds: list[dict]) -> str:
+def markdown(report: dict) -> str:
+    machine, rounds = ", ".join(f"{k}: {v}" for k, v in report["machine"].items()), report["rounds"]
     ratios = [r["carry"]["wall"] / r["plain"]["wall"] for r in rounds]
     same = [x for x, r in zip(ratios, rounds, strict=True) if r["carry"]["sd_steps"] == 0]
     lines = [
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     from tlt.data.splits import task_mix, training_problems
     from tlt.drafters import load_drafter
     from tlt.drafters.eagle import EagleDrafter
-    from tlt.files import atomic_write_text
+    from tlt.files import write_report
     from tlt.machine import describe_machine
     from tlt.models.io import load_hf_folder
     from tlt.schedulers.tuners import build_tuner
@@ -114,11 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         if r > 0:
             rounds.append(measured)
-    machine = ", ".join(f"{k}: {v}" for k, v in describe_machine().items())
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "carry.md", markdown(args, machine, rounds))
-    print((out / "carry.md").read_text())
+    report = {"settings": vars(args), "machine": describe_machine(), "rounds": rounds}
+    print(write_report(Path(args.out) / "carry.md", report, markdown))
     return 0
 
 

@@ -27,7 +27,7 @@ import torch
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners import FixedTuner
@@ -45,7 +45,7 @@ def _args(argv):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="default: bfloat16 on cuda, float32 on cpu")
     parser.add_argument("--out", required=True, help="folder for graphs.json and graphs.md")
-    parser.add_argument("--render", action="store_true", help="only rewrite graphs.md from --out's graphs.json")
+    parser.add_argument("--render", action="store_true", help="only re-render graphs.md from --out's graphs.json")
     parser.add_argument("--target", help="HF folder of the policy")
     args = parser.parse_args(argv)
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -119,8 +119,7 @@ def run(args) -> dict:
     }
 
 
-def table(results: dict) -> tuple[str, bool]:
-    """The markdown report, and whether both paths emitted the same tokens in every cell."""
+def table(results: dict) -> str:
     cells, settings = results["cells"], results["settings"]
     machine = results["machine"]
     lines = [
@@ -135,7 +134,6 @@ def table(results: dict) -> tuple[str, bool]:
         "SD / plain (static) | accept | same tokens |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    same_everywhere = True
     for batch in settings["batches"]:
         for mode in ("plain", "sd"):
             eager, static = cells.get(f"{batch}/{mode}/eager"), cells.get(f"{batch}/{mode}/static")
@@ -143,7 +141,6 @@ def table(results: dict) -> tuple[str, bool]:
                 continue
             med = {arm: statistics.median(c["rates"]) for arm, c in (("eager", eager), ("static", static))}
             same = eager["tokens"] == static["tokens"]
-            same_everywhere &= same
             ratios = ["", ""]
             if mode == "sd":
                 plain = {arm: statistics.median(cells[f"{batch}/plain/{arm}"]["rates"]) for arm in ARMS}
@@ -154,7 +151,13 @@ def table(results: dict) -> tuple[str, bool]:
                 f"{med['static'] / med['eager']:.2f}x | {ratios[0]} | {ratios[1]} | {accept} | "
                 f"{'yes' if same else 'NO'} |"
             )
-    return "\n".join(lines) + "\n", same_everywhere
+    return "\n".join(lines) + "\n"
+
+
+def same_tokens(cells: dict) -> bool:
+    """Whether the static-shape path emitted the eager path's tokens in every cell."""
+    pairs = [(c, cells[k.replace("/eager", "/static")]) for k, c in cells.items() if k.endswith("/eager")]
+    return all(eager["tokens"] == static["tokens"] for eager, static in pairs)
 
 
 def _spread(rates: list[float]) -> str:
@@ -171,12 +174,8 @@ def main(argv=None) -> int:
             raise SystemExit("bench_graphs: --target is required (or --render)")
         torch.set_num_threads(1)  # one thread per process (DESIGN.md); on CUDA the host only launches kernels
         results = run(args)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / "graphs.json", results)
-    text, same = table(results)
-    atomic_write_text(out / "graphs.md", text)
-    print(text)
-    return 0 if same else 1
+    print(write_report(out / "graphs.md", results, table))
+    return 0 if same_tokens(results["cells"]) else 1
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
+from tlt.files import write_report  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
 
 
@@ -225,12 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(os.sched_getaffinity(0)) < 2:
         print("bench_interference needs 2 cores (decode on core 0, training on core 1)", file=sys.stderr)
         return 2
-    report = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "interference.json", report)
-    atomic_write_text(out / "interference.md", render(report))
-    print(render(report))
+    print(write_report(Path(args.out) / "interference.md", run(args), render))
     return 0
 
 

@@ -37,7 +37,7 @@ from tlt.config import DataConfig, GRPOConfig
 from tlt.data.prompts import format_prompt
 from tlt.data.rewards import math_rewards
 from tlt.data.splits import task_mix, training_problems
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.training.grpo import (
@@ -217,11 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, cfg in configs.items()
         },
     }
-    out = Path(args.out)
-    atomic_write_json(out / "update.json", report)
-    text = render(report)
-    atomic_write_text(out / "update.md", text)
-    print(text, end="")
+    print(write_report(Path(args.out) / "update.md", report, render), end="")
     return 0
 
 

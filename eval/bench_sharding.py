@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tlt.config import GRPOConfig
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.presets import build_model
 from tlt.training.distributed.data_parallel import rows_by_length, update_policy_sharded
@@ -125,8 +125,8 @@ def rank_main(ctx, args) -> dict:
     return {"seconds": seconds, "memory": memory, "tokens": tokens, "params": params}
 
 
-def report(args, ranks: list[dict]) -> str:
-    r0 = ranks[0]
+def render(report: dict) -> str:
+    args, r0 = argparse.Namespace(**report["args"]), report["ranks"][0]
     lines = [
         f"# Policy update under train.sharding: replicate vs fsdp ({args.world} CPU ranks, `{args.preset}` preset)",
         "",
@@ -175,14 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("runs/bench-sharding"))
     args = p.parse_args(argv)
     ranks = launch_cpu(rank_main, args.world, args, timeout_s=None)
-    text = report(args, ranks)
-    args.out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out / "report.md", text)
-    atomic_write_json(
-        args.out / "report.json",
-        {"args": vars(args) | {"out": str(args.out)}, "ranks": ranks, "machine": describe_machine()},
-    )
-    print(text)
+    report = {"args": vars(args) | {"out": str(args.out)}, "ranks": ranks, "machine": describe_machine()}
+    print(write_report(args.out / "report.md", report, render))
     return 0
 
 

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from tlt.eval.train_runs import train_metrics
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 from tlt.machine import describe_machine
 
 POLICIES = ("never", "spot", "between_steps")
@@ -171,11 +171,7 @@ def main(argv=None) -> int:
     if "never" in runs:
         report["paired_rollout_ratios"] = paired_rollout_ratios(runs)
         report["round_ratios"] = round_ratios(runs)
-    out = Path(args.out)
-    atomic_write_json(out / "spot.json", report)
-    text = render(report)
-    atomic_write_text(out / "spot.md", text)
-    print(text)
+    print(write_report(Path(args.out) / "spot.md", report, render))
     return 0
 
 

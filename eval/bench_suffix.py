@@ -29,7 +29,7 @@ from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.speculative.strategy import SpecStrategy
@@ -172,13 +172,7 @@ def table(results: dict) -> str:
 def main(argv=None) -> int:
     args = _args(argv)
     torch.set_num_threads(1)
-    results = run(args)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "suffix.json", results)
-    text = table(results)
-    atomic_write_text(out / "suffix.md", text)
-    print(text)
+    print(write_report(Path(args.out) / "suffix.md", run(args), table))
     return 0
 
 

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 from tlt.backends.base import SamplingParams  # noqa: E402
 from tlt.backends.native import NativeEngine  # noqa: E402
-from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text  # noqa: E402
+from tlt.files import atomic_save_figure, subplots, write_report  # noqa: E402
 from tlt.machine import describe_machine  # noqa: E402
 from tlt.schedulers.tuners.base import FixedTuner  # noqa: E402
 from tlt.training.rl_loop import decode_stats  # noqa: E402
@@ -109,7 +109,7 @@ def run(args) -> dict:
     return {"settings": vars(args), "config_overrides": overrides, "rows": rows, "machine": describe_machine()}
 
 
-def render(report: dict, png: str) -> str:
+def render(report: dict, png: str = "drift.png") -> str:
     s, rows = report["settings"], report["rows"]
     last = rows[-1]
     lines = [
@@ -146,12 +146,7 @@ def _decoding(settings: dict) -> str:
 
 
 def plot(rows: list[dict], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     steps = [r["step"] for r in rows]
     ax.plot(steps, [r["frozen"] for r in rows], marker="o", label="frozen offline drafter")
     ax.plot(steps, [r["adaptive"] for r in rows], marker="o", label="adaptive drafter (trained online)")
@@ -184,10 +179,7 @@ def main(argv=None) -> int:
     report = run(args)
     report["seconds"] = time.perf_counter() - start
     plot(report["rows"], out / "drift.png")
-    atomic_write_json(out / "drift.json", report)
-    text = render(report, "drift.png")
-    atomic_write_text(out / "drift.md", text)
-    print(text)
+    print(write_report(out / "drift.md", report, render))
     return 0
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from tlt.eval.compare import measured_steps
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 
 RANGES = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 10**9))
 
@@ -72,13 +72,15 @@ def rows(tlt: dict[str, dict], base: dict[str, dict]) -> list[list[str]]:
     return table
 
 
-def report(run: str, tlt: dict, base: dict) -> str:
+def report(raw: dict) -> str:
+    """The Markdown report of `raw` ({"run", "tlt", "baseline"}: each arm's decode_by_range)."""
+    tlt, base = raw["tlt"], raw["baseline"]
     columns = ("running batch", "baseline seconds", "TLT seconds", "baseline ms / token", "TLT ms / token",
                "TLT SD steps", "tokens per SD step and row", "speedup per token")  # fmt: skip
     total_b = sum(c["seconds"] for c in base.values())
     total_t = sum(c["seconds"] for c in tlt.values())
     lines = [
-        f"# Where the rollout seconds go, by running batch size: {run}",
+        f"# Where the rollout seconds go, by running batch size: {raw['run']}",
         "",
         "Decode steps of the slowest rank of every measured step (both arms; prefill and setup not included). "
         "Seconds: each arm's share of its own decode seconds. Tokens per SD step and row: generated tokens of "
@@ -117,12 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         histories = {arm: json.loads(path.read_text()) for arm, path in paths.items()}
         raw = {"run": args.run} | {arm: decode_by_range(h, args.warmup) for arm, h in histories.items()}
-    text = report(raw["run"], raw["tlt"], raw["baseline"])
-    print(text, end="")
-    if args.out:
-        atomic_write_text(Path(args.out), text)
-        if not args.from_json:
-            atomic_write_json(Path(args.out).with_suffix(".json"), raw)
+    print(write_report(args.out, raw, report) if args.out else report(raw), end="")
     return 0
 
 

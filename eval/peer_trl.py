@@ -39,7 +39,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tlt.eval.train_runs import train_metrics  # noqa: E402
-from tlt.files import atomic_write_json, atomic_write_text  # noqa: E402
+from tlt.files import atomic_write_json, write_report  # noqa: E402
 from tlt.machine import describe_machine, resolve_precision  # noqa: E402
 
 TRL_PATHS = ("generate", "cb", "vllm")
@@ -343,14 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     p.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     p.add_argument("--out", help="results folder (peer_trl.json, peer_trl.md, the runs)")
-    p.add_argument("--render", metavar="DIR", help="only rewrite DIR/peer_trl.md from DIR/peer_trl.json")
+    p.add_argument("--render", metavar="DIR", help="only re-render DIR/peer_trl.md from DIR/peer_trl.json")
     p.add_argument("--trl-worker", choices=TRL_PATHS, help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="key=value overrides for every run, e.g. rollout.max_new_tokens=256")
     args = p.parse_args(argv)
     if args.render:
         report = json.loads((Path(args.render) / "peer_trl.json").read_text())
-        atomic_write_text(Path(args.render) / "peer_trl.md", render(report))
-        print(render(report))
+        print(write_report(Path(args.render) / "peer_trl.md", report, render))
         return 0
     if not args.out:
         p.error("--out is required (or --render DIR)")
@@ -365,10 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if "trl-vllm" in args.arms and not VLLM_PYTHON.is_file():
         p.error(f"the trl-vllm arm runs in {VLLM_PYTHON}: run `make peer-vllm` first, or leave the arm out (--arms)")
-    report = run(args)
-    out = Path(args.out)
-    atomic_write_text(out / "peer_trl.md", render(report))
-    print(render(report))
+    print(write_report(Path(args.out) / "peer_trl.md", run(args), render))
     return 0
 
 

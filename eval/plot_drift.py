@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from tlt.eval.train_runs import metric_column
-from tlt.files import atomic_save_figure
+from tlt.files import atomic_save_figure, subplots
 
 
 def accept_lengths(run_dir: str | Path) -> list[float]:
@@ -23,12 +23,7 @@ def accept_lengths(run_dir: str | Path) -> list[float]:
 
 
 def plot(frozen: list[float], adaptive: list[float], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = subplots(figsize=(7, 4))
     ax.plot(range(len(frozen)), frozen, marker="o", label="frozen drafter (never)")
     ax.plot(range(len(adaptive)), adaptive, marker="o", label="adaptive drafter (spot)")
     ax.set_xlabel("RL step")

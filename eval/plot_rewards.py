@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from tlt.eval.train_runs import metric_column
-from tlt.files import atomic_save_figure
+from tlt.files import atomic_save_figure, subplots
 
 
 def window_means(values: list[float], window: int) -> list[float]:
@@ -27,12 +27,7 @@ def moving_average(values: list[float], window: int) -> list[float]:
 
 
 def plot(curves: dict[str, list[float]], window: int, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4))
+    fig, ax = subplots(figsize=(8, 4))
     for label, rewards in curves.items():
         ax.plot(range(len(rewards)), moving_average(rewards, window), label=label)
     ax.set_xlabel("RL step")

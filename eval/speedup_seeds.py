@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 from tlt.eval.compare import (
@@ -32,7 +33,7 @@ from tlt.eval.compare import (
     rollout_throughput,
     step_seconds,
 )
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 
 COLUMNS = (
     "run",
@@ -157,7 +158,9 @@ def row(c: dict) -> list[str]:
     ]
 
 
-def report(comparisons: list[dict], goal: float) -> str:
+def report(raw: dict, goal: float) -> str:
+    """The Markdown report of `raw` ({"comparisons": one load_comparison per run}) against the step-speedup `goal`."""
+    comparisons = raw["comparisons"]
     med = {k: statistics.median(c[k] for c in comparisons) for k in ("speedup", "rollout_speedup", "rollout_share")}
     bound = amdahl_bound(med["rollout_share"], med["rollout_speedup"])
     needed = required_share(goal, med["rollout_speedup"])
@@ -247,18 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give run folders or --from-json, not both")
     try:
         if args.from_json:
-            comparisons = json.loads(Path(args.from_json).read_text())["comparisons"]
+            raw = json.loads(Path(args.from_json).read_text())
         else:
-            comparisons = [load_comparison(run) for run in args.runs]
+            raw = {"comparisons": [load_comparison(run) for run in args.runs]}
     except FileNotFoundError as err:
         print(f"speedup_seeds: error: {err}", file=sys.stderr)
         return 2
-    text = report(comparisons, args.goal)
-    print(text, end="")
-    if args.out:
-        atomic_write_text(Path(args.out), text)
-        if not args.from_json:
-            atomic_write_json(Path(args.out).with_suffix(".json"), {"comparisons": comparisons})
+    render = partial(report, goal=args.goal)
+    print(write_report(args.out, raw, render) if args.out else render(raw), end="")
     return 0
 
 

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from tlt.config import load_config
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import write_report
 from tlt.machine import describe_machine
 
 KEYS = ("step", "rollout_seconds", "accept_length", "sd_token_share", "response_len_mean")
@@ -83,12 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", required=True, help="folder for epochs.json and epochs.md")
     args = parser.parse_args(argv)
     data = {"machine": describe_machine(), "sweep": args.sweep, "cells": read_sweep(Path(args.sweep))}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "epochs.json", data)
-    text = table(data)
-    atomic_write_text(out / "epochs.md", text)
-    print(text)
+    print(write_report(Path(args.out) / "epochs.md", data, table))
     return 0
 
 

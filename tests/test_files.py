@@ -2,7 +2,7 @@
 
 import pytest
 
-from tlt.files import atomic_folder, atomic_write_json, atomic_write_text
+from tlt.files import atomic_folder, atomic_write_json, atomic_write_text, write_report
 
 
 def test_a_folder_is_replaced_only_when_its_block_succeeds(tmp_path):
@@ -26,3 +26,12 @@ def test_a_file_keeps_its_old_content_when_the_write_fails(tmp_path):
         atomic_write_text(path, None)
     assert path.read_text() == '{\n  "a": 1\n}\n' and [p.name for p in path.parent.iterdir()] == ["r.json"]
     assert oct(path.stat().st_mode)[-3:] == "644"
+
+
+def test_a_report_keeps_its_json_when_the_render_fails(tmp_path):
+    path = tmp_path / "out" / "bench.md"
+    assert write_report(path, {"x": 1}, lambda r: f"x = {r['x']}\n") == "x = 1\n"
+    assert path.read_text() == "x = 1\n" and (tmp_path / "out" / "bench.json").read_text() == '{\n  "x": 1\n}\n'
+    with pytest.raises(KeyError):
+        write_report(path, {"y": 2}, lambda r: f"x = {r['x']}\n")
+    assert (tmp_path / "out" / "bench.json").read_text() == '{\n  "y": 2\n}\n' and path.read_text() == "x = 1\n"

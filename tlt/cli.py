@@ -19,6 +19,12 @@ def _threads() -> None:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def _error(command: str, message: object, code: int = 2) -> int:
+    """Print `tlt COMMAND: error: MESSAGE` to stderr; returns the exit code."""
+    print(f"tlt {command}: error: {message}", file=sys.stderr)
+    return code
+
+
 def _config(args: argparse.Namespace, extra: list[str], base: list[str] | tuple[str, ...] = ()):
     from tlt.config import load_config
 
@@ -68,8 +74,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
     except ValueError as err:
-        print(f"tlt evaluate: error: {err}", file=sys.stderr)
-        return 2
+        return _error("evaluate", err)
     print(f"[tlt] {args.model}: {report.summary()}")
     if args.report:
         atomic_write_json(args.report, report.to_dict())
@@ -95,11 +100,7 @@ def cmd_export_drafter(args: argparse.Namespace) -> int:
 
     drafter = load_drafter(args.drafter)
     if drafter.kind != "eagle":
-        print(
-            f"tlt export-drafter: error: {args.drafter} holds a {drafter.kind} drafter; only EAGLE heads export",
-            file=sys.stderr,
-        )
-        return 2
+        return _error("export-drafter", f"{args.drafter} holds a {drafter.kind} drafter; only EAGLE heads export")
     path = export_eagle(drafter, args.output, engine=args.engine)
     loader = {
         "vllm": f'speculative_config={{"method": "eagle", "model": "{path}", "num_speculative_tokens": K}}',
@@ -131,8 +132,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     tlt.eval.bench with the rest of the command line."""
     if args.kind == "e2e":
         if not args.rest or "=" in args.rest[0]:
-            print("tlt bench e2e: error: give a config file first: tlt bench e2e configs/tlt.yaml", file=sys.stderr)
-            return 2
+            return _error("bench e2e", "give a config file first: tlt bench e2e configs/tlt.yaml")
         from tlt.training.train import run_train
 
         args.config = args.rest[0]
@@ -153,8 +153,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not args.dry_run:
         print(f"[tlt] sweep results: {grid.output_dir / 'sweep.md'} (and sweep.csv, sweep.png)")
     if failed:
-        print(f"tlt sweep: error: {len(failed)} cell(s) failed: {', '.join(failed)}", file=sys.stderr)
-        return 1
+        return _error("sweep", f"{len(failed)} cell(s) failed: {', '.join(failed)}", code=1)
     return 0
 
 
@@ -184,8 +183,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
         )
         report = run_parity(settings, cfg.data)
     except (ValueError, ImportError) as err:
-        print(f"tlt parity: error: {err}", file=sys.stderr)
-        return 2
+        return _error("parity", err)
     json_path, md_path = write_report(report, args.out)
     identical = report.compared_outputs - len(report.mismatches)
     print(f"[tlt] parity report: {md_path} and {json_path}")
@@ -194,8 +192,7 @@ def cmd_parity(args: argparse.Namespace) -> int:
         f"identical outputs {identical}/{report.compared_outputs}"
     )
     if report.failed:
-        print(f"tlt parity: error: SD on changed {len(report.mismatches)} greedy outputs", file=sys.stderr)
-        return 1
+        return _error("parity", f"SD on changed {len(report.mismatches)} greedy outputs", code=1)
     return 0
 
 
@@ -336,8 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, AssetError, FileNotFoundError, ImportError) as err:  # ImportError: an extra
         if getattr(args, "debug", False):
             raise
-        print(f"tlt {args.command}: error: {err} (--debug shows the traceback)", file=sys.stderr)
-        return 2
+        return _error(args.command, f"{err} (--debug shows the traceback)")
 
 
 if __name__ == "__main__":

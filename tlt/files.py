@@ -83,3 +83,25 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
             os.replace(tmp, path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_report(path: str | Path, report: dict, render) -> str:
+    """A benchmark's outputs: the raw `report` as JSON next to `path` (`path` with suffix .json), then
+    `render(report)` as the Markdown at `path`, each atomically; the JSON goes first, so a render that fails keeps
+    the measurements. Returns the Markdown."""
+    path = Path(path)
+    atomic_write_json(path.with_suffix(".json"), report)
+    text = render(report)
+    atomic_write_text(path, text)
+    return text
+
+
+def subplots(*args, **kwargs):
+    """`matplotlib.pyplot.subplots` on the Agg backend (figures here are saved with atomic_save_figure, never
+    shown); matplotlib is imported only when a plot is drawn."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)

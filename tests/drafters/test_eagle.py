@@ -162,10 +162,11 @@ def test_chain_fast_path_equals_the_beam(target, strategy):
     drafter = _sharp(target, 8)
     _drive(drafter, tokens, hidden, [4, 1, 6], [[1, 1, 1], [3, 1, 2]])
     chain = drafter.propose(strategy)
+    state = (drafter.last_token, drafter.feature, drafter.cache_lens)
     with torch.inference_mode():
-        beam = drafter._propose_tree(strategy, strategy.steps)
-    assert chain.tokens.tolist() == beam.tokens.tolist()
-    assert chain.parents.tolist() == beam.parents.tolist()
+        tokens, parents = drafter._tree(*state, strategy, strategy.steps, drafter.max_len, drafter.k, drafter.v)
+    assert chain.tokens.tolist() == tokens.tolist()
+    assert chain.parents.tolist() == parents.tolist()
 
 
 def test_tree_is_topological_with_best_children_first(target):

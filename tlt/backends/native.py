@@ -62,8 +62,9 @@ class NativeEngine:
         every set_drafter(); the output is unchanged, a draft step streams a quarter of the head's bytes.
         cuda_graphs: the target's decode and verify forwards run on static shapes (rows padded to a power of two,
         attention over a multiple of 128 slots) and, on CUDA, are captured as CUDA graphs per shape and replayed
-        (`native_graphs`); on CPU the same static path runs uncaptured (slower there: it exists to be tested).
-        The drafters' own steps stay eager."""
+        (`native_graphs`), and so do an EAGLE drafter's consume and draft steps (`EagleDrafter.use_static_shapes`;
+        the other drafters' steps stay eager); on CPU the same static path runs uncaptured (it exists to be
+        tested there)."""
         if truncate_prompts not in (None, "left"):
             raise ValueError(f"truncate_prompts must be None (raise) or 'left', got {truncate_prompts!r}")
         limit = model.config.max_position_embeddings
@@ -98,6 +99,8 @@ class NativeEngine:
                 )
             drafter.int8 = True
         drafter.bind(self.model)
+        if self.runner.static is not None and hasattr(drafter, "use_static_shapes"):
+            drafter.use_static_shapes(self.max_seq_len, capture=self.runner.static.graphs.capture)
 
     def close(self) -> None:
         """Nothing to release: the engine lives in this process."""

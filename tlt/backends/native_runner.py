@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from tlt.backends.base import SamplingParams
-from tlt.backends.native_graphs import StaticForward, batch_bucket
+from tlt.backends.native_graphs import StaticForward
 from tlt.backends.native_state import Emission, RunningBatch
+from tlt.models.graphs import batch_bucket
 from tlt.models.lean import KVCache, LeanModel, commit_path, compact
 from tlt.speculative.sampling import probs_from_logits, sample_tokens, token_logprobs
 from tlt.speculative.tree import DraftTree
@@ -63,7 +64,7 @@ class ModelRunner:
         if self._buffer is None or self._buffer.batch < need:
             self._buffer = self.lean.allocate_cache(need, self.max_seq_len)
             if self.static is not None:
-                self.static = StaticForward(self.lean, self.static.capture)  # graphs point into the old buffer
+                self.static = StaticForward(self.lean, self.static.graphs.capture)  # graphs point into the old buffer
         return KVCache(k=self._buffer.k[:, :rows], v=self._buffer.v[:, :rows])
 
     def keep(self, rows: torch.Tensor, kv_len: int) -> None:

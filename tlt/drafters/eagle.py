@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from tlt.drafters.base import Drafter, DrafterMismatchError
 from tlt.drafters.eagle_head import EagleConfig, EagleHead
+from tlt.models.graphs import KV_BLOCK, Graphs, batch_bucket, kv_bucket, pad_rows
 from tlt.models.lean import attention_mask
 from tlt.speculative.sampling import probs_from_logits, sample_tokens
 from tlt.speculative.strategy import SpecStrategy
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from tlt.backends.base import SamplingParams
 
 WEIGHTS_FILE = "model.safetensors"
+STATIC_CHUNK = 64  # static shapes: pairs consumed per forward at most (the flush's padded width)
+STATIC_DRAFT_SLOTS = 64  # static shapes: draft slots past the committed entries (a tree needs topk * (depth - 1))
 
 
 class EagleDrafter(Drafter):
@@ -57,6 +60,9 @@ class EagleDrafter(Drafter):
         self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (tokens, hidden, valid)
         self.prompts: _Prompts | None = None  # start()'s distinct prompts, until the first flush consumes them
         self.appends = 0  # append() calls buffered since the last flush: flush_every bounds them
+        self.graphs: Graphs | None = None  # static shapes (`use_static_shapes`), else eager
+        self.static_len = 0  # static shapes: the engine's max_seq_len, which bounds every row's entries
+        self.buffer: tuple[torch.Tensor, torch.Tensor] | None = None  # static shapes: k, v of all cache rows
 
     @classmethod
     def from_config(cls, cfg, target: torch.nn.Module, seed: int = 0) -> EagleDrafter:
@@ -103,6 +109,14 @@ class EagleDrafter(Drafter):
         self.head.share(embed, target.get_output_embeddings().weight)
         self.drafting_head = int8_copy(self.head) if self.int8 else self.head
 
+    def use_static_shapes(self, max_seq_len: int, capture: bool) -> None:
+        """Consume and draft on static shapes, as the engine's target does under `rollout.cuda_graphs`: rows padded
+        to a power of two, one cache of max_seq_len + slack slots per row allocated per generate, attention over
+        a multiple of 128 slots sized from a host-side bound on the rows' lengths (no device read), pairs consumed
+        in padded chunks; on CUDA each shape is captured as a CUDA graph (tlt.models.graphs), except sampled
+        chains (their draws stay eager). The drafts equal the eager path's."""
+        self.graphs, self.static_len, self.buffer = Graphs(capture), max_seq_len, None
+
     # ---- state -------------------------------------------------------------------------------------------
 
     def start(self, tokens: torch.Tensor, hidden: torch.Tensor | None, lengths: torch.Tensor) -> None:
@@ -134,7 +148,7 @@ class EagleDrafter(Drafter):
         if self.prompts is not None:
             self.prompts.row_prompt = self.prompts.row_prompt[rows]
         else:
-            self.k, self.v = self.k[rows], self.v[rows]
+            self.k, self.v = self._take(rows)
             self.cache_lens, self.feature = self.cache_lens[rows], self.feature[rows]
         if self.last_token is not None:
             self.last_token = self.last_token[rows]
@@ -163,43 +177,99 @@ class EagleDrafter(Drafter):
         needed, row_prompt = torch.unique(prompts.row_prompt, return_inverse=True)
         tokens, hidden, lengths = prompts.tokens[needed], prompts.hidden[needed], prompts.lengths[needed]
         (U, T), cfg = tokens.shape, self.config
-        shape = (U, cfg.num_kv_heads, _capacity(T + 64), cfg.head_dim)
+        self.k, self.v = self._allocate(U, row_prompt.numel(), T)
         dtype = self.head.fc.weight.dtype
-        self.k = torch.zeros(shape, dtype=dtype, device=tokens.device)
-        self.v = torch.zeros_like(self.k)
         self.cache_lens = torch.zeros(U, dtype=torch.long, device=tokens.device)
         self.max_len = 0
         self.feature = torch.zeros(U, cfg.hidden_size, dtype=dtype, device=tokens.device)
         if T > 1:
             self._consume(tokens[:, 1:], hidden[:, :-1], lengths - 1)
-        self.k, self.v = self.k[row_prompt], self.v[row_prompt]
+        self.k, self.v = self._take(row_prompt)
         self.cache_lens, self.feature = self.cache_lens[row_prompt], self.feature[row_prompt]
 
     def _consume(self, tokens: torch.Tensor, hidden: torch.Tensor, counts: torch.Tensor) -> None:
         """Append pairs tokens[b, :counts[b]] ([B, Q], hidden [B, Q, D]) to the cache; keep the last h'."""
+        if self.graphs is not None:
+            for start in range(0, tokens.shape[1], STATIC_CHUNK):
+                chunk = slice(start, start + STATIC_CHUNK)
+                self._consume_static(tokens[:, chunk], hidden[:, chunk], (counts - start).clamp(0, STATIC_CHUNK))
+            return
         B, Q = tokens.shape
         kv_len = int(self.cache_lens.max()) + Q  # the proposal's one host read
         self._reserve(kv_len)
         positions = self.cache_lens[:, None] + torch.arange(Q, device=tokens.device)  # [B, Q]
         mask = attention_mask(self.cache_lens, Q, kv_len, None)  # [B, 1, Q, S] causal
         out = self._forward(tokens, hidden, positions, mask)  # [B, Q, D]
+        self._consumed(out, counts, kv_len)
+
+    def _consume_static(self, tokens: torch.Tensor, hidden: torch.Tensor, counts: torch.Tensor) -> None:
+        """`_consume` of at most STATIC_CHUNK pairs per row, padded to a power of two wide and to the rows'
+        bucket; the host-side bound on the rows' lengths sizes the attention."""
+        (B, width), rows = tokens.shape, batch_bucket(tokens.shape[0])
+        Q = batch_bucket(width)
+        kv_len = kv_bucket(self.max_len + Q, self.buffer[0].shape[2])
+        k, v = (x[:rows] for x in self.buffer)
+
+        def forward(tokens, hidden, lens):
+            positions = lens[:, None] + torch.arange(Q, device=lens.device)
+            mask = attention_mask(lens, Q, kv_len, None)
+            return (self._head(tokens, hidden, positions, mask, lens, 0, k, v),)
+
+        columns = (0, Q - width)
+        inputs = (pad_rows(F.pad(tokens, columns), rows), pad_rows(F.pad(hidden, (0, 0, *columns)), rows))
+        (out,) = self.graphs.run(("consume", rows, Q, kv_len), forward, (*inputs, pad_rows(self.cache_lens, rows)))
+        self._consumed(out[:B], counts, min(self.max_len + width, self.static_len))
+
+    def _consumed(self, out: torch.Tensor, counts: torch.Tensor, max_len: int) -> None:
+        """The cache after consuming counts [B] pairs whose head outputs are `out` [B, Q, D]."""
+        B = out.shape[0]
         last = (counts - 1).clamp(min=0)
         has_pairs = (counts > 0)[:, None]
         self.feature = torch.where(has_pairs, out[torch.arange(B, device=out.device), last], self.feature)
         self.cache_lens = self.cache_lens + counts
-        self.max_len = kv_len  # >= max(cache_lens): drafting sizes its masks from it without reading the device
+        self.max_len = max_len  # >= max(cache_lens): drafting sizes its masks from it without reading the device
 
     def _forward(self, tokens, hidden, positions, mask, offset: int = 0) -> torch.Tensor:
-        """Head forward of Q new queries per row ([B, Q]) written at cache slots cache_lens + offset + q."""
+        return self._head(tokens, hidden, positions, mask, self.cache_lens, offset, self.k, self.v)
+
+    def _head(self, tokens, hidden, positions, mask, lens, offset: int, k, v) -> torch.Tensor:
+        """Head forward of Q new queries per row ([B, Q]) written at cache slots lens + offset + q of k, v."""
         Q = tokens.shape[1]
         rows = torch.arange(tokens.shape[0], device=tokens.device)[:, None]
-        slots = self.cache_lens[:, None] + offset + torch.arange(Q, device=tokens.device)  # [B, Q]
-        return self.drafting_head(tokens, hidden, positions, mask, cache=(self.k, self.v, rows, slots))
+        slots = lens[:, None] + offset + torch.arange(Q, device=tokens.device)  # [B, Q]
+        return self.drafting_head(tokens, hidden, positions, mask, cache=(k, v, rows, slots))
+
+    def _allocate(self, rows: int, running: int, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A zeroed cache for `rows` prompts; static shapes: views of a buffer for the `running` rows' bucket
+        (reused while large enough; new graphs with a new buffer)."""
+        cfg, weight = self.config, self.head.fc.weight
+        if self.graphs is None:
+            shape = (rows, cfg.num_kv_heads, _capacity(prompt_len + 64), cfg.head_dim)
+            k = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+            return k, torch.zeros_like(k)
+        need = max(batch_bucket(running), rows)
+        slots = -(-(self.static_len + STATIC_CHUNK + STATIC_DRAFT_SLOTS) // KV_BLOCK) * KV_BLOCK
+        if self.buffer is None or self.buffer[0].shape[0] < need:
+            shape = (need, cfg.num_kv_heads, slots, cfg.head_dim)
+            k = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
+            self.buffer = (k, torch.zeros_like(k))
+            self.graphs = Graphs(self.graphs.capture)
+        return tuple(x[:rows].zero_() for x in self.buffer)
+
+    def _take(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache rows `rows` ([n] indices), in order: gathered, or moved to the front of the static buffer."""
+        if self.graphs is None:
+            return self.k[rows], self.v[rows]
+        for own, full in zip((self.k, self.v), self.buffer, strict=True):
+            full[: rows.numel()] = own[rows]
+        return tuple(x[: rows.numel()] for x in self.buffer)
 
     def _reserve(self, slots: int) -> None:
         """Grow the cache (doubling) to hold `slots` entries per row."""
         if slots <= self.k.shape[2]:
             return
+        if self.graphs is not None:
+            raise ValueError(f"static drafting holds {self.k.shape[2]} slots per row, {slots} asked")
         grow = _capacity(slots) - self.k.shape[2]
         pad = (0, 0, 0, grow)
         self.k, self.v = F.pad(self.k, pad), F.pad(self.v, pad)
@@ -209,10 +279,7 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def propose(self, strategy: SpecStrategy) -> DraftTree:
         self._flush()
-        depth = min(strategy.steps, strategy.verify_tokens - 1)  # deeper nodes could never be selected
-        if strategy.topk == 1:
-            return self._propose_chain(depth)
-        return self._propose_tree(strategy, depth)
+        return self._draft(strategy, None)
 
     @torch.inference_mode()
     def propose_sampled(
@@ -224,53 +291,85 @@ class EagleDrafter(Drafter):
         if strategy.topk != 1 or sampling.greedy:
             return self.propose(strategy)
         self._flush()
-        return self._propose_chain(min(strategy.steps, strategy.verify_tokens - 1), (sampling, generator))
+        return self._draft(strategy, (sampling, generator))
 
-    def _propose_tree(self, strategy: SpecStrategy, depth: int) -> DraftTree:
-        """EAGLE-2 beam drafting (works for any topk; `_propose_chain` is the faster topk == 1 case)."""
+    def _draft(self, strategy: SpecStrategy, sample) -> DraftTree:
+        """The strategy's draft tree from the rows' state: eager, or on static shapes (`use_static_shapes`)."""
+        depth = min(strategy.steps, strategy.verify_tokens - 1)  # deeper nodes could never be selected
+        scratch = strategy.topk * (depth - 1)  # draft slots written past the committed entries
+        state = (self.last_token, self.feature, self.cache_lens)
+
+        def draft(last, feature, lens, k, v, max_len):
+            if strategy.topk == 1:
+                return self._chain(last, feature, lens, depth, max_len, k, v, sample)
+            return self._tree(last, feature, lens, strategy, depth, max_len, k, v)
+
+        if self.graphs is None:
+            self._reserve(self.max_len + scratch)
+            out = draft(*state, self.k, self.v, self.max_len)
+        elif sample is not None:  # the draws stay eager, on the running rows only, as on the eager path
+            out = draft(*state, self.k, self.v, self._static_kv(scratch) - scratch)
+        else:
+            rows, kv_len = batch_bucket(self.feature.shape[0]), self._static_kv(scratch)
+            k, v = (x[:rows] for x in self.buffer)
+            key = ("draft", strategy, rows, kv_len)
+            padded = tuple(pad_rows(x, rows) for x in state)
+            out = self.graphs.run(key, lambda *x: draft(*x, k, v, kv_len - scratch), padded)
+            out = tuple(x[: self.feature.shape[0]] for x in out)
+        if strategy.topk != 1:
+            return DraftTree(tokens=out[0], parents=out[1])
+        tree = DraftTree.chain(out[0])
+        tree.draft_probs = out[1] if sample is not None else None
+        return tree
+
+    def _static_kv(self, scratch: int) -> int:
+        if scratch > STATIC_DRAFT_SLOTS:
+            raise ValueError(
+                f"static drafting keeps {STATIC_DRAFT_SLOTS} draft slots per row; this strategy writes {scratch} "
+                "(topk * (depth - 1)): use a smaller strategy or rollout.cuda_graphs=false"
+            )
+        return kv_bucket(self.max_len + scratch, self.buffer[0].shape[2])
+
+    def _tree(self, last_token, feature0, lens0, strategy: SpecStrategy, depth: int, max_len: int, k, v):
+        """EAGLE-2 beam drafting (works for any topk; `_chain` is the faster topk == 1 case): (tokens, parents)."""
         K = strategy.topk
-        B, D = self.feature.shape
-        beam = _Beam.root(self._log_probs(self.feature[:, None]), K)  # depth-1 candidates
-        max_len = self.max_len
-        self._reserve(max_len + K * (depth - 1))
+        B, D = feature0.shape
+        beam = _Beam.root(self._log_probs(feature0[:, None]), K)  # depth-1 candidates
         fed_total = K * (depth - 1)  # level l feeds its K frontier nodes as fed nodes K * (l - 1) + slot
-        ancestors = torch.zeros(B, fed_total, fed_total, dtype=torch.bool, device=self.k.device)
-        own = torch.eye(K, dtype=torch.bool, device=self.k.device).expand(B, K, K)
-        parent = torch.full((B, K), -1, dtype=torch.long, device=self.k.device)  # fed index of the parent
-        feature = self.feature[:, None].expand(B, K, D)  # [B, K, D] the parent's output feature
+        ancestors = torch.zeros(B, fed_total, fed_total, dtype=torch.bool, device=k.device)
+        own = torch.eye(K, dtype=torch.bool, device=k.device).expand(B, K, K)
+        parent = torch.full((B, K), -1, dtype=torch.long, device=k.device)  # fed index of the parent
+        feature = feature0[:, None].expand(B, K, D)  # [B, K, D] the parent's output feature
         for level in range(1, depth):
             fed = slice(K * (level - 1), K * level)
             inherited = ancestors.gather(1, parent.clamp(min=0)[:, :, None].expand(-1, -1, fed_total))
             ancestors[:, fed] = inherited & (parent >= 0)[:, :, None]  # [B, K, F]
             ancestors[:, fed, fed] |= own
-            mask = _tree_mask(self.cache_lens, ancestors[:, fed, : K * level], max_len + K * level)
-            positions = (self.cache_lens + level - 1)[:, None].expand(B, K)  # depth-l nodes sit at T - 1 + l
-            out = self._forward(beam.frontier_tokens, feature, positions, mask, offset=K * (level - 1))
+            mask = _tree_mask(lens0, ancestors[:, fed, : K * level], max_len + K * level)
+            positions = (lens0 + level - 1)[:, None].expand(B, K)  # depth-l nodes sit at T - 1 + l
+            out = self._head(beam.frontier_tokens, feature, positions, mask, lens0, K * (level - 1), k, v)
             source = beam.expand(self._log_probs(out), K)  # [B, K] frontier slot of each new frontier node
             feature = out.gather(1, source[:, :, None].expand(-1, -1, D))
             parent = K * (level - 1) + source
-        return beam.select(self.last_token, strategy.num_draft_tokens)
+        tree = beam.select(last_token, strategy.num_draft_tokens)
+        return tree.tokens, tree.parents
 
-    def _propose_chain(self, depth: int, sample: tuple[SamplingParams, torch.Generator | None] | None = None):
+    def _chain(self, last_token, feature, lens0, depth: int, max_len: int, k, v, sample=None):
         """The top-1 beam without the tree bookkeeping: level l is one causal query at slot cache_len + l - 1.
-
-        With `sample` = (sampling, generator) each level's token is drawn from q instead of taken as its argmax,
-        and the q's come back as `draft_probs` [B, depth, V].
+        Returns (tokens [B, depth + 1],) or, with `sample` = (sampling, generator), each level's token drawn from
+        q instead of taken as its argmax, (tokens, draft_probs [B, depth, V]).
         """
-        token, q = self._pick(self.feature, sample)  # [B]
-        tokens, probs, feature = [self.last_token, token], [q], self.feature
-        self._reserve(self.max_len + depth - 1)
+        token, q = self._pick(feature, sample)  # [B]
+        tokens, probs = [last_token, token], [q]
         for level in range(1, depth):
-            lens = self.cache_lens + level - 1  # [B] the node's slot; the earlier draft slots are its ancestors
-            mask = attention_mask(lens, 1, self.max_len + level, None)  # slots past a row's own are masked
-            feature = self._forward(token[:, None], feature[:, None], lens[:, None], mask, offset=level - 1)[:, 0]
+            lens = lens0 + level - 1  # [B] the node's slot; the earlier draft slots are its ancestors
+            mask = attention_mask(lens, 1, max_len + level, None)  # slots past a row's own are masked
+            feature = self._head(token[:, None], feature[:, None], lens[:, None], mask, lens0, level - 1, k, v)[:, 0]
             token, q = self._pick(feature, sample)
             tokens.append(token)
             probs.append(q)
-        tree = DraftTree.chain(torch.stack(tokens, dim=1))
-        if sample is not None:
-            tree.draft_probs = torch.stack(probs, dim=1)
-        return tree
+        tokens = torch.stack(tokens, dim=1)
+        return (tokens,) if sample is None else (tokens, torch.stack(probs, dim=1))
 
     def _pick(self, feature: torch.Tensor, sample) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Next draft token per row ([B]) from predicted features [B, D]: argmax, or a draw from q (returned)."""

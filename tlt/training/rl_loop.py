@@ -1,4 +1,5 @@
-"""One TLT RL step in a single process, wired from the parts (DESIGN.md, "Data flow of one RL step").
+"""One TLT RL step, wired from the parts (DESIGN.md, "Data flow of one RL step"): the sequence for one process and,
+through `DistributedRLTrainer`'s hooks (training/distributed/data_parallel.py), for N.
 
     prompts -> engine.generate (n = G, adaptive SD with the current drafter) -> rewards -> group advantages
     -> recompute pi_old + post-norm hidden states (these feed the drafter buffer) -> GRPO policy update
@@ -66,7 +67,7 @@ RewardFn = Callable[[list[str], list[str]], list[float]]
 
 @dataclass
 class StepMetrics:
-    """What one RL step did; seconds are wall-clock on this process (over ranks: `data_parallel.combine`)."""
+    """What one RL step did; seconds are wall-clock on this process (over ranks: `combine`)."""
 
     step: int  # 0-based RL step
     version: int  # policy version the engine runs after the step (its rollouts used version - 1)

@@ -30,7 +30,7 @@ import torch
 
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
-from tlt.files import atomic_save_figure
+from tlt.files import atomic_save_figure, subplots, write_report
 from tlt.schedulers.tuners import FixedTuner, OffTuner, build_tuner
 
 REFERENCE_BUCKETS = (1, 4, 20, 32)  # SD only at <= 32 running sequences, as the reference
@@ -132,13 +132,8 @@ def decision_table(decisions: list[tuple[int, str | None]]) -> dict[str, dict[st
 
 
 def plot_decisions(decisions: list[tuple[int, str | None]], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     arms = sorted({s or "plain" for _, s in decisions}, key=lambda a: (a != "plain", a))
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = subplots(figsize=(9, 4))
     for arm in arms:
         xs = [i for i, (_, s) in enumerate(decisions) if (s or "plain") == arm]
         ax.scatter(xs, [decisions[i][0] for i in xs], s=6, label=arm)
@@ -156,10 +151,11 @@ def paired_ratio(results: dict[str, dict], slow: str, fast: str) -> float:
     return statistics.median(a / b for a, b in zip(results[slow]["walls"], results[fast]["walls"], strict=True))
 
 
-def markdown(results: dict[str, dict], machine: str, table: dict, best_fixed: str) -> str:
+def markdown(report: dict) -> str:
+    results, table, best_fixed = report["results"], report["decisions"], report["best_fixed"]
     base = results["sd-never"]["wall_s"]
     lines = [
-        f"# Adaptive rollout benchmark\n\n{machine}\n",
+        f"# Adaptive rollout benchmark\n\n{report['machine']}\n",
         "| config | wall s (median) | speedup vs sd-never | paired speedup (median of rounds) | tokens/s "
         "| accepted/verify | SD token share | tuner us/step |",
         "|---|---|---|---|---|---|---|---|",
@@ -193,7 +189,6 @@ def main(argv: list[str] | None = None) -> int:
     from tlt.data.splits import task_mix, training_problems
     from tlt.drafters import load_drafter
     from tlt.drafters.ngram import NgramDrafter
-    from tlt.files import atomic_write_json, atomic_write_text
     from tlt.machine import describe_machine
     from tlt.models.io import load_hf_folder
 
@@ -254,28 +249,17 @@ def main(argv: list[str] | None = None) -> int:
     best_fixed = min(fixed, key=fixed.get) if fixed else "n/a"
     adaptive = next((k for k in results if k.startswith("adaptive-")), None)
     table = decision_table(results[adaptive]["decisions"]) if adaptive else {}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     machine = ", ".join(f"{k}: {v}" for k, v in describe_machine().items())
     summary = {k: {m: v for m, v in r.items() if not m.startswith("decisions")} for k, r in results.items()}
-    atomic_write_json(
-        out / "adaptive.json",
-        {
-            "machine": machine,
-            "args": vars(args),
-            "results": summary,
-            "best_fixed": best_fixed,
-            "decisions": table,
-        },
-    )
-    atomic_write_text(out / "adaptive.md", markdown(results, machine, table, best_fixed))
+    report = {"machine": machine, "args": vars(args), "results": summary, "best_fixed": best_fixed, "decisions": table}
+    text = write_report(Path(args.out) / "adaptive.md", report, markdown)
     if adaptive:
         plot_decisions(
             results[adaptive]["decisions_last"],
-            out / "adaptive_decisions.png",
+            Path(args.out) / "adaptive_decisions.png",
             f"{adaptive}: SD strategy per decode step (last rollout)",
         )
-    print((out / "adaptive.md").read_text())
+    print(text)
     return 0
 
 

@@ -16,7 +16,6 @@ reports 2.2x from packing.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -29,6 +28,7 @@ import torch
 
 from tlt.config import DrafterConfig
 from tlt.drafters.eagle import EagleDrafter
+from tlt.files import atomic_write_json
 from tlt.models.presets import build_model
 from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
 from tlt.training.drafter.module import DrafterModule
@@ -190,8 +190,7 @@ def main(argv=None) -> dict:
         )
     print(f"packed / padded throughput: {result['ratio']:.2f}x")
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2))
+        atomic_write_json(out, result)
         print(f"wrote {out}")
     return result
 

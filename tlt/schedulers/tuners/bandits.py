@@ -31,7 +31,7 @@ from tlt.schedulers.tuners.base import (
     arm_name,
     check_batch_size,
     check_int,
-    check_state,
+    check_number,
     check_step,
     rng_state,
     set_rng_state,
@@ -128,14 +128,13 @@ class BucketedBandit(StrategyTuner):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "config": self._config(),
+            **super().state_dict(),
             "rng": rng_state(self.rng),
             "stats": [[s.to_state() for s in stats] for stats in self.stats],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, self.kind, self._config())
+        super().load_state_dict(state)
         set_rng_state(self.rng, state["rng"])
         for stats, saved in zip(self.stats, state["stats"], strict=True):
             for arm_stats, arm_saved in zip(stats, saved, strict=True):
@@ -193,8 +192,7 @@ class BEGTuner(BucketedBandit):
         epsilon: float = 0.1,
         bucket_strategies: Sequence[Sequence[SpecStrategy | str]] | None = None,
     ) -> None:
-        if not (isinstance(epsilon, int | float) and 0 <= epsilon <= 1):
-            raise ValueError(f"epsilon must be a number in [0, 1] (exploration probability), got {epsilon!r}")
+        check_number("epsilon", epsilon, maximum=1, meaning="exploration probability")
         super().__init__(strategies, seed, buckets, window, bucket_strategies)
         self.epsilon = float(epsilon)
 
@@ -230,8 +228,7 @@ class UCB1Tuner(BucketedBandit):
         exploration: float = 0.5,
         bucket_strategies: Sequence[Sequence[SpecStrategy | str]] | None = None,
     ) -> None:
-        if not (isinstance(exploration, int | float) and 0 <= exploration <= 10):
-            raise ValueError(f"exploration must be a number in [0, 10] (UCB1 bonus scale), got {exploration!r}")
+        check_number("exploration", exploration, maximum=10, meaning="UCB1 bonus scale")
         super().__init__(strategies, seed, buckets, window, bucket_strategies)
         self.exploration = float(exploration)
 

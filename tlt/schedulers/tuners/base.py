@@ -36,13 +36,18 @@ class StrategyTuner(ABC):
         batch_size. Called after every step, plain ones too.
         """
 
-    @abstractmethod
     def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state (plain Python types), RNG state included."""
+        """JSON-serialisable state (plain Python types): kind and `_config()`; learning tuners add statistics and
+        RNG state."""
+        return {"kind": self.kind, "config": self._config()}
 
-    @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict()`; raises ValueError when it was saved by a differently configured tuner."""
+        check_state(state, self.kind, self._config())
+
+    def _config(self) -> dict[str, Any]:
+        """The settings a saved state must have been saved with to load here."""
+        return {}
 
 
 class OffTuner(StrategyTuner):
@@ -56,12 +61,6 @@ class OffTuner(StrategyTuner):
 
     def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_step(strategy, (None,), batch_size, generated_tokens, seconds)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "config": {}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, self.kind, {})
 
 
 class FixedTuner(StrategyTuner):
@@ -80,12 +79,6 @@ class FixedTuner(StrategyTuner):
 
     def update(self, strategy: SpecStrategy | None, batch_size: int, generated_tokens: int, seconds: float) -> None:
         check_step(strategy, (self.strategy, None), batch_size, generated_tokens, seconds)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "config": self._config()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, self.kind, self._config())
 
     def _config(self) -> dict[str, Any]:
         return {"strategy": str(self.strategy), "threshold": self.threshold}
@@ -124,11 +117,6 @@ class RewardWindow:
         self.pushes = int(state["pushes"])
 
 
-def parse_arm(text: str | SpecStrategy | None) -> Arm:
-    """An arm from its saved form: None / "off" is plain decoding, anything else a strategy string."""
-    return None if text is None or text == "off" else SpecStrategy.parse(text)
-
-
 def arm_name(arm: Arm) -> str:
     return "off" if arm is None else str(arm)
 
@@ -147,6 +135,13 @@ def set_rng_state(rng: random.Random, state: Sequence[Any]) -> None:
 def check_int(name: str, value: Any, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_number(name: str, value: Any, maximum: int, meaning: str = "") -> None:
+    """Raise unless `value` is a number in [0, maximum]; `meaning` goes in parentheses in the message."""
+    if not (isinstance(value, int | float) and 0 <= value <= maximum):
+        hint = f" ({meaning})" if meaning else ""
+        raise ValueError(f"{name} must be a number in [0, {maximum}]{hint}, got {value!r}")
 
 
 def check_batch_size(batch_size: int) -> None:

@@ -39,7 +39,7 @@ from tlt.schedulers.tuners.base import (
     arm_name,
     check_batch_size,
     check_int,
-    check_state,
+    check_number,
     check_step,
     rng_state,
     set_rng_state,
@@ -195,11 +195,8 @@ class CostModelTuner(StrategyTuner):
         check_int("acceptance_horizon", acceptance_horizon, minimum=1)
         check_int("min_pulls", min_pulls, minimum=1)
         check_int("epsilon_decay", epsilon_decay, minimum=1)
-        for name, value in (("epsilon", epsilon), ("epsilon_min", epsilon_min)):
-            if not (isinstance(value, int | float) and 0 <= value <= 1):
-                raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
-        if not (isinstance(explore_ratio, int | float) and 0 <= explore_ratio <= 1):
-            raise ValueError(f"explore_ratio must be a number in [0, 1], got {explore_ratio!r}")
+        for name, value in (("epsilon", epsilon), ("epsilon_min", epsilon_min), ("explore_ratio", explore_ratio)):
+            check_number(name, value, maximum=1)
         if epsilon_min > epsilon:
             raise ValueError(f"epsilon_min must be <= epsilon, got epsilon_min={epsilon_min}, epsilon={epsilon}")
         self.options = {
@@ -327,8 +324,7 @@ class CostModelTuner(StrategyTuner):
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "config": self._config(),
+            **super().state_dict(),
             "rng": rng_state(self.rng),
             "steps": self.steps,
             "costs": [[c.to_state() for c in arm] for arm in self.costs],
@@ -338,7 +334,7 @@ class CostModelTuner(StrategyTuner):
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_state(state, self.kind, self._config())
+        super().load_state_dict(state)
         set_rng_state(self.rng, state["rng"])
         self.steps = int(state["steps"])
         self._clear_predictions()

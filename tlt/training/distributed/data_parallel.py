@@ -1,7 +1,7 @@
 """Multi-process TLT RL on torch.distributed: N ranks, one rollout engine each, one policy (DESIGN.md,
 "Distributed model"). The same code runs on gloo (CPU) and nccl (one GPU per rank).
 
-Per RL step, every rank of the default process group (`DistributedRLTrainer.step`):
+Per RL step, every rank of the default process group (`RLTrainer.step` with `DistributedRLTrainer`'s hooks):
 
 1. draws the same `rollout.prompts_per_step` problems (the same seeded sampler on every rank) and rolls out
    its contiguous share of them (`shard`: whole groups, never split) with its own engine and a rank-specific
@@ -21,7 +21,7 @@ Per RL step, every rank of the default process group (`DistributedRLTrainer.step
    step are those of one process over the same rollouts (up to float summation order), and every rank
    takes the same step: the policies stay identical;
 4. pushes the same policy and drafter to its engine, at the same version;
-5. all-gathers its metrics; `combine` merges them (the caller logs them on rank 0).
+5. all-gathers its part of the metrics (`rl_loop.RankPart`); `rl_loop.combine` merges them (rank 0 logs them).
 
 Metrics of a multi-process step: sample statistics (reward, lengths, accept length, log-prob gap, buffer
 samples) are over all ranks' samples; `rollout_seconds` is the slowest rank's generate, `train_seconds`

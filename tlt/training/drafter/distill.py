@@ -59,17 +59,9 @@ def collect_sequences(
 ) -> list[DrafterSample]:
     """Generate one response per prompt with the target; samples carry its final-norm features (version 0,
     `DrafterSample.from_rollout`: prompt + response minus the last token, the response tokens trained)."""
-    max_seq_len = min(max(map(len, prompts)) + sampling.max_new_tokens, model.config.max_position_embeddings)
-    engine = NativeEngine(
-        model, eos_token_id, max_seq_len, return_hidden=True, truncate_prompts="left", device=model.device
-    )
-    out = []
-    for start in range(0, len(prompts), batch_size):
-        samples = [
-            DrafterSample.from_rollout(r, 0) for r in engine.generate(prompts[start : start + batch_size], sampling)
-        ]
-        out += [s for s in samples if s is not None]
-    return out
+    engine = _engine(model, prompts, sampling.max_new_tokens, eos_token_id, return_hidden=True)
+    samples = [DrafterSample.from_rollout(r, 0) for r in _generate(engine, prompts, sampling, batch_size)]
+    return [s for s in samples if s is not None]
 
 
 @torch.inference_mode()
@@ -77,13 +69,22 @@ def collect_responses(
     model, prompts: list[list[int]], sampling: SamplingParams, eos_token_id: int | None, batch_size: int = 64
 ) -> list[SFTExample]:
     """The target's response to each prompt as an SFT example: prompt + response (its EOS included)."""
-    max_seq_len = min(max(map(len, prompts)) + sampling.max_new_tokens, model.config.max_position_embeddings)
-    engine = NativeEngine(model, eos_token_id, max_seq_len, truncate_prompts="left", device=model.device)
-    out = []
+    engine = _engine(model, prompts, sampling.max_new_tokens, eos_token_id)
+    rollouts = _generate(engine, prompts, sampling, batch_size)
+    return [SFTExample(torch.cat([r.prompt_ids, r.token_ids]).cpu(), r.prompt_ids.numel()) for r in rollouts]
+
+
+def _generate(engine: NativeEngine, prompts: list[list[int]], sampling: SamplingParams, batch_size: int):
+    """One rollout per prompt, generated `batch_size` prompts at a time."""
     for start in range(0, len(prompts), batch_size):
-        for r in engine.generate(prompts[start : start + batch_size], sampling):
-            out.append(SFTExample(torch.cat([r.prompt_ids, r.token_ids]).cpu(), r.prompt_ids.numel()))
-    return out
+        yield from engine.generate(prompts[start : start + batch_size], sampling)
+
+
+def _engine(model, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None, **options) -> NativeEngine:
+    """A native engine over `model` with room for the longest prompt and `max_new_tokens` (within the model's
+    positions; longer prompts keep their last tokens)."""
+    max_seq_len = min(max(map(len, prompts)) + max_new_tokens, model.config.max_position_embeddings)
+    return NativeEngine(model, eos_token_id, max_seq_len, truncate_prompts="left", device=model.device, **options)
 
 
 def acceptance_length(
@@ -95,11 +96,8 @@ def acceptance_length(
     eos_token_id: int | None,
 ) -> float:
     """Greedy SD on every step; mean tokens per SD step and row (accepted drafts + 1 bonus token)."""
-    max_seq_len = min(max(map(len, prompts)) + max_new_tokens, model.config.max_position_embeddings)
     tuner = FixedTuner(strategy, threshold=len(prompts))
-    engine = NativeEngine(
-        model, eos_token_id, max_seq_len, tuner=tuner, drafter=drafter, truncate_prompts="left", device=model.device
-    )
+    engine = _engine(model, prompts, max_new_tokens, eos_token_id, tuner=tuner, drafter=drafter)
     engine.generate(prompts, SamplingParams(temperature=0, max_new_tokens=max_new_tokens))
     sd = [s for s in engine.step_stats if s.sd_on]
     rows = sum(s.running_batch for s in sd)

@@ -38,7 +38,7 @@ from tlt.eval.bench.sd.render import markdown, plot_speedup
 from tlt.eval.bench.sd.report import best_rows, peer_rows, sd_rows
 from tlt.eval.bench.sd.runs import CellResult, Workload, load_workload, measure_cell
 from tlt.eval.bench.sd.settings import HF_ASSISTANT, BenchSettings, Cell, plan_cells
-from tlt.files import atomic_write_json, atomic_write_text
+from tlt.files import atomic_write_json, write_report
 from tlt.machine import describe_machine
 from tlt.speculative.strategy import SpecStrategy
 
@@ -212,13 +212,6 @@ def measure_forward_costs(work: Workload, settings: BenchSettings) -> tuple[list
     return measure_costs(work.model, sizes, widths, cache_len, settings.cost_reps), cache_len
 
 
-def write_outputs(payload: dict, out: str | Path) -> None:
-    out = Path(out)
-    atomic_write_json(out / "results.json", payload)
-    atomic_write_text(out / "results.md", markdown(payload))
-    plot_speedup(payload, out / "speedup.png")
-
-
 def benchmark(settings: BenchSettings, work: Workload) -> dict:
     """Run every measurement of `settings` on `work`; returns the results payload (also written to --out)."""
     machine = describe_machine()
@@ -229,7 +222,8 @@ def benchmark(settings: BenchSettings, work: Workload) -> dict:
     costs, cache_len = measure_forward_costs(work, settings)
     machine["load_average_end"] = list(os.getloadavg())
     payload = build_payload(settings, machine, work, results, costs, cache_len)
-    write_outputs(payload, settings.out)
+    write_report(Path(settings.out) / "results.md", payload, markdown)
+    plot_speedup(payload, Path(settings.out) / "speedup.png")
     return payload
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tlt.files import atomic_save_figure
+from tlt.files import atomic_save_figure, subplots
 
 NOTES = [
     "Speedup = SD tokens/s over plain native tokens/s on the same prompts, batch size and temperature, "
@@ -159,16 +159,11 @@ def markdown(payload: dict) -> str:
 
 def plot_speedup(payload: dict, path: str | Path) -> None:
     """Best SD speedup (solid) and its bound (dotted) vs batch size, one line per drafter, a panel per T."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     best = payload["best"]
     temperatures = sorted({r["temperature"] for r in best}) or [0.0]
     panels = len(temperatures)
     sizes_all = sorted({r["batch_size"] for r in best})
-    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
+    fig, axes = subplots(1, panels, figsize=(5.5 * panels, 4), squeeze=False)
     for ax, temperature in zip(axes[0], temperatures, strict=True):
         for drafter in sorted({r["drafter"] for r in best}):
             rows = [r for r in best if (r["drafter"], r["temperature"]) == (drafter, temperature)]
