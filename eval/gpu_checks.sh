@@ -51,7 +51,7 @@ fi
 
 log "1/3 pytest -m gpu (native engine on $DEVICE against the CPU reference, CUDA graphs, tlt train on $DEVICE)"
 timeout 90 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/backends/test_contract.py \
-  tests/backends/test_native_graphs.py tests/training/test_train_cli.py tests/training/test_distill.py \
+  tests/backends/test_native_graphs.py tests/training/test_train_cli.py tests/training/drafter/test_distill.py \
   >"$OUT/tests.log" 2>&1 || status=1
 tail -n 15 "$OUT/tests.log"
 
