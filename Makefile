@@ -18,6 +18,10 @@ export TOKENIZERS_PARALLELISM = false
 # --no-compile: Python compiles what it imports on first use instead of every file of every wheel up front
 # (torch's install took 1.5 min less on a 2-core VM).
 PIP_INSTALL = $(PYTHON) -m pip install --quiet --no-compile
+# ... except reasoning-gym's cellpylib, whose `is` with literals would print SyntaxWarnings in every process that
+# compiles it (every run, under PYTHONDONTWRITEBYTECODE): compiled once here, warnings off
+COMPILE_QUIETLY = $(PYTHON) -W ignore -m compileall -q \
+	$$($(PYTHON) -c "import importlib.util as u; print(u.find_spec('cellpylib').submodule_search_locations[0])")
 
 venv:
 	$(PYTHON) -c "" 2>/dev/null || $(BASE_PYTHON) -m venv $(VENV)
@@ -26,6 +30,7 @@ venv:
 install-core: venv
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e .
+	$(COMPILE_QUIETLY)
 
 # and the test, evaluation (lm-eval) and peer (TRL) extras, and arctic-inference (the suffix drafter's C++ suffix
 # trees), built from its sdist against the torch above: its build backend asks for torch>=2.10, which an isolated
@@ -33,6 +38,7 @@ install-core: venv
 install: venv
 	$(PIP_INSTALL) torch==2.13.0
 	$(PIP_INSTALL) -e ".[dev,eval,peer]"
+	$(COMPILE_QUIETLY)
 	$(MAKE) suffix
 
 SUFFIX_BUILD = setuptools wheel ninja cmake nanobind==2.9.2 grpcio-tools

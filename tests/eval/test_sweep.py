@@ -12,7 +12,7 @@ from tlt.cli import parse_args
 from tlt.config import ConfigError, RunConfig, load_config
 from tlt.eval.sweep import Cell, GridSection, _flatten, expand, load_grid, run_sweep, slug, to_markdown, validate
 
-CONFIGS = Path(__file__).parents[1] / "configs"
+CONFIGS = Path(__file__).parents[2] / "configs"
 
 GRID = """\
 base: {base}

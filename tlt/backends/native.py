@@ -267,7 +267,7 @@ class NativeEngine:
         ).tolist()
         self._max_cache_len = max_len
         if num_alive < batch.size:
-            rows = alive.nonzero().squeeze(1)
+            rows = torch.sort((~alive).to(torch.uint8), stable=True).indices[:num_alive]  # no device read
             batch = batch.keep(rows)
             if num_alive:
                 self.runner.keep(rows, kv_len=max_len)
