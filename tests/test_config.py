@@ -81,7 +81,8 @@ def test_every_shipped_config_parses(path):
 
 @pytest.mark.parametrize("path", GRIDS, ids=[p.name for p in GRIDS])
 def test_every_shipped_grid_expands_and_validates(path):
-    from tlt.eval.sweep import load_grid, validate
+    from tlt.eval.sweep import validate
+    from tlt.eval.sweep_grid import load_grid
 
     grid = load_grid(path)
     configs = validate(grid)

@@ -145,7 +145,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from tlt.eval.sweep import load_grid, run_sweep
+    from tlt.eval.sweep import run_sweep
+    from tlt.eval.sweep_grid import load_grid
 
     grid = load_grid(args.grid, args.output_dir, args.overrides)
     rows = run_sweep(grid, dry_run=args.dry_run)
@@ -277,7 +278,7 @@ def _build() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser
     p.set_defaults(func=cmd_bench, config=None)
 
     p = sub.add_parser("sweep", help="run a grid of `tlt train` cells (ablations) and tabulate them (resumable)")
-    p.add_argument("grid", help="grid YAML file (e.g. configs/ablation.yaml; see tlt/eval/sweep.py)")
+    p.add_argument("grid", help="grid YAML file (e.g. configs/ablation.yaml; format: tlt/eval/sweep_grid.py)")
     p.add_argument("--output-dir", help="sweep folder (default: the grid's output_dir); cells go in <dir>/<cell>/")
     p.add_argument("--dry-run", action="store_true", help="validate every cell and list the plan; run nothing")
     p.add_argument("overrides", nargs="*", help="key=value config overrides applied to every cell")

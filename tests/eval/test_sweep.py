@@ -10,7 +10,8 @@ import pytest
 
 from tlt.cli import parse_args
 from tlt.config import ConfigError, RunConfig, load_config
-from tlt.eval.sweep import Cell, GridSection, _flatten, expand, load_grid, run_sweep, slug, to_markdown, validate
+from tlt.eval.sweep import _flatten, run_sweep, to_markdown, validate
+from tlt.eval.sweep_grid import Cell, GridSection, expand, load_grid, slug
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -39,14 +40,16 @@ class FakeRunner:
     """Writes a summary.json like run_train's; `fail` names cells that raise."""
 
     def __init__(self, fail: tuple[str, ...] = ()):
-        self.fail, self.ran = fail, []
+        self.fail, self.ran, self.turns = fail, [], []
 
     def __call__(self, cfg: RunConfig) -> dict:
         out = Path(cfg.output_dir)
         self.ran.append(out.name)
+        self.turns.append((out.name, cfg.train.stop_after))
         if out.name in self.fail:
             raise RuntimeError(f"boom in {out.name}")
         summary = {
+            "steps": min(cfg.train.stop_after or cfg.grpo.steps, cfg.grpo.steps),
             "reward_last": 0.5,
             "accuracy_last": 0.25,
             "accept_length_mean": 2.0 if cfg.speculative.enabled else 0.0,
@@ -306,3 +309,33 @@ def test_table_gives_each_cell_speedup_over_the_first():
     assert "| 12.000 | 1.000 | 1.000 |" in lines["base"]
     assert "| 10.000 | 1.500 | 1.200 |" in lines["sd"]
     assert "|  |  |  |" in lines["broken"]
+
+
+def test_cells_take_turns_and_a_partial_cell_resumes(tmp_path):
+    """turn_steps: every cell runs steps 1-2, then 3-4, then 5 (each turn resuming); a cell stopped after a
+    turn is not skipped when the sweep is run again, a finished one is."""
+    (tmp_path / "base.yaml").write_text("output_dir: runs/x\nspeculative: {enabled: false}\n")
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text(
+        f"base: base.yaml\noutput_dir: {tmp_path / 'out'}\noverrides: [grpo.steps=5]\nturn_steps: 2\n"
+        "grid:\n  cells:\n    - {name: a}\n    - {name: b, overrides: [grpo.lr=1.0e-6]}\n"
+    )
+    runner = FakeRunner()
+    rows = run_sweep(load_grid(grid_file), runner, check_paths=False, log=lambda _: None)
+    assert runner.turns == [("a", 2), ("b", 2), ("a", 4), ("b", 4), ("a", 5), ("b", 5)]
+    assert [r["status"] for r in rows] == ["done", "done"]
+    assert "took turns of 2 steps" in (tmp_path / "out" / "sweep.md").read_text()
+    summary = tmp_path / "out" / "b" / "summary.json"
+    summary.write_text(json.dumps({"steps": 2}))  # b stopped after its first turn
+    again = FakeRunner()
+    rows = run_sweep(load_grid(grid_file), again, check_paths=False, log=lambda _: None)
+    assert again.turns == [("b", 2), ("b", 4), ("b", 5)]  # tlt train resumes b's checkpoint in each
+    assert [r["status"] for r in rows] == ["skipped", "done"]
+
+
+def test_turn_steps_must_be_a_count(tmp_path):
+    (tmp_path / "base.yaml").write_text("output_dir: runs/x\n")
+    grid_file = tmp_path / "grid.yaml"
+    grid_file.write_text("base: base.yaml\nturn_steps: two\ngrid:\n  cells: [{name: a}]\n")
+    with pytest.raises(ConfigError, match="turn_steps: got 'two'"):
+        load_grid(grid_file)
