@@ -34,7 +34,7 @@ DRIFT_CMD = (
     "`python -m eval.drift --steps 16 --temperature 1.0 --out DIR train.devices=1 scheduler.policy=between_steps "
     "scheduler.between_steps_budget=2 drafter.online_lr=1e-4`"
 )
-ABLATION = RESULTS / "ablation_deep_v1"
+ABLATION = RESULTS / "ablation_deep_v1_turns"
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml`"
 SUFFIX = RESULTS / "suffix_deep_v1/suffix.json"
 SUFFIX_CMD = "`python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8`"
@@ -128,21 +128,22 @@ def drift_rows() -> list[Row]:
 
 
 def ablation_rows() -> list[Row]:
-    """Rollout seconds of each cell against the baseline cell's, in the sweep's order (sweep.csv). The cells'
-    summaries record no machine: the sweep ran on the AMD EPYC VM (docs/results.md)."""
+    """Rollout and whole-cell seconds of each cell against the baseline cell's, in the sweep's order (sweep.csv).
+    The cells' summaries record no machine: the sweep ran on the AMD EPYC VM (docs/results.md)."""
     order = [line.split(",")[0] for line in (ROOT / ABLATION / "sweep.csv").read_text().splitlines()[1:]]
-    cells = {name: _load(ABLATION / name / "summary.json") for name in order}
-    base = cells.pop("baseline")["seconds"]["rollout"]
+    cells = {name: _load(ABLATION / name / "summary.json")["seconds"] for name in order}
+    base = cells.pop("baseline")
     source = ABLATION / "*/summary.json"
     return [
         Row(
-            f"ablation: rollout, baseline / {name}",
-            [base / cell["seconds"]["rollout"]],
+            f"ablation: {part}, baseline / {name}",
+            [base[key] / cell[key]],
             "x",
             "AMD EPYC, 2 cores",
             ABLATION_CMD,
             source,
-        )  # fmt: skip
+        )
+        for part, key in (("rollout", "rollout"), ("whole cell", "total"))
         for name, cell in cells.items()
     ]
 
