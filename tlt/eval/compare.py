@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from tlt.config import RunConfig
-from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text
+from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text, subplots
 from tlt.machine import describe_machine
 
 PARTS = ("rollout", "train", "drafter", "push")
@@ -328,12 +328,9 @@ def comparison_figure(tlt: list[dict], baseline: list[dict], warmup: int):
     """The slowest step of each arm as running batch size against time (plain decoding grey, SD coloured by
     strategy), side by side on one scale; per-step rollout seconds of both arms; TLT's acceptance length and
     SD share of tokens per step. Arguments: the two runs' per-step metrics."""
-    import matplotlib
+    fig, axes = subplots(2, 2, figsize=(13, 8))
+    from matplotlib.lines import Line2D  # matplotlib is imported only when a figure is drawn
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8))
     arms = (("TLT", tlt), ("TLT off", baseline))
     colors: dict[str, str] = {"": "0.6"}
     for ax, (name, history) in zip(axes[0], arms, strict=True):
@@ -349,7 +346,7 @@ def comparison_figure(tlt: list[dict], baseline: list[dict], warmup: int):
     for ax in axes[0]:
         ax.set_xlim(0, right)
         ax.set_ylim(0, top)
-    handles = [plt.Line2D([], [], color=c, lw=4, label=k or "plain decoding") for k, c in colors.items()]
+    handles = [Line2D([], [], color=c, lw=4, label=k or "plain decoding") for k, c in colors.items()]
     axes[0][0].legend(handles=handles, title="decode step")
     rollout_ax, accept_ax = axes[1]
     for name, history in arms:

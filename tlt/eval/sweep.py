@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tlt.config import ConfigError, RunConfig, load_config
 from tlt.eval.sweep_grid import Cell, Grid
-from tlt.files import atomic_save_figure, atomic_write_text
+from tlt.files import atomic_save_figure, atomic_write_text, subplots
 
 SUMMARY_FIELDS = (
     "devices",
@@ -135,11 +135,11 @@ def run_sweep(
             todo.append(cell)
         if dry_run:
             log(f"[tlt sweep] {rows[cell.name]['status']:8} {cell.name}: {rows[cell.name]['overrides'] or '(base)'}")
-    for turn in range(max((len(_turn_ends(configs[c.name], grid.turn_steps)) for c in todo), default=0)):
+    ends = {cell.name: _turn_ends(configs[cell.name], grid.turn_steps) for cell in todo}
+    for turn in range(max(map(len, ends.values()), default=0)):
         for cell in todo:
-            ends = _turn_ends(configs[cell.name], grid.turn_steps)
-            if turn < len(ends) and rows[cell.name].get("status") != "failed":
-                rows[cell.name] |= _run_cell(grid, cell, configs[cell.name], ends[turn], runner, log)
+            if turn < len(ends[cell.name]) and rows[cell.name].get("status") != "failed":
+                rows[cell.name] |= _run_cell(grid, cell, configs[cell.name], ends[cell.name][turn], runner, log)
                 write_results(list(rows.values()), grid.output_dir, grid.turn_steps)
     if not dry_run:
         write_results(list(rows.values()), grid.output_dir, grid.turn_steps)
@@ -224,14 +224,9 @@ def _order(turn_steps: int) -> str:
 
 def plot_step_time(rows: list[dict], path: Path) -> None:
     """Bar chart of the mean RL step time per cell (0 where a cell has no summary), written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [row["cell"] for row in rows]
     seconds = [row.get("step_seconds_mean") or 0.0 for row in rows]
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 * len(rows)), 4))
+    fig, ax = subplots(figsize=(max(4.0, 1.2 * len(rows)), 4))
     ax.bar(range(len(rows)), seconds)
     ax.set_xticks(range(len(rows)), names, rotation=30, ha="right")
     ax.set(ylabel="seconds", title="mean RL step time per cell")

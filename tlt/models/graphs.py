@@ -1,7 +1,7 @@
 """Forwards on static shapes, captured as CUDA graphs: one graph per shape key, replayed after the first call.
 
-A call passes a function of fixed-shape tensors and a key naming its shapes; with capture off (CPU, or a call
-that draws random numbers) it runs the function as is. With capture on, the first call of a key warms the
+A call passes a function of fixed-shape tensors and a key naming its shapes; with capture off (CPU) it runs the
+function as is. With capture on, the first call of a key warms the
 function up on a side stream (lazy initialisation such as cuBLAS workspaces stays outside the graph), captures
 it into a `torch.cuda.CUDAGraph` whose input tensors are static copies, and every call copies its inputs into
 them and replays. All graphs of one `Graphs` share one memory pool, as the paper's rollout engine (and vLLM's and
@@ -55,11 +55,10 @@ class Graphs:
         fn: Callable[..., tuple[torch.Tensor, ...]],
         inputs: tuple,
         warmup: tuple | None = None,
-        capture: bool = True,
     ) -> tuple[torch.Tensor, ...]:
         """fn(*inputs) (a tuple of tensors), replayed from the key's graph when capturing. `warmup`: the inputs
-        of the warm-up and capture runs (default: `inputs`); capture=False runs this call uncaptured."""
-        if not (self.capture and capture):
+        of the warm-up and capture runs (default: `inputs`)."""
+        if not self.capture:
             return fn(*inputs)
         entry = self.captured.get(key) or self._capture(key, fn, inputs if warmup is None else warmup)
         for static, value in zip(entry.inputs, inputs, strict=True):

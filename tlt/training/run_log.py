@@ -7,7 +7,7 @@ import io
 from dataclasses import fields
 from pathlib import Path
 
-from tlt.files import atomic_save_figure, atomic_write_text
+from tlt.files import atomic_save_figure, atomic_write_text, subplots
 from tlt.training.rl_loop import StepMetrics
 
 COLUMNS = [f.name for f in fields(StepMetrics) if f.name != "timeline"]  # the scalars
@@ -67,13 +67,8 @@ def _summary_writer(log_dir: Path, purge_step: int):
 
 def plot_summary(metrics: list[dict], path: Path) -> None:
     """Step-time split (stacked rollout / train / drafter seconds), reward and accuracy, acceptance length."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [m["step"] + 1 for m in metrics]
-    fig, (time_ax, reward_ax, accept_ax) = plt.subplots(1, 3, figsize=(14, 4))
+    fig, (time_ax, reward_ax, accept_ax) = subplots(1, 3, figsize=(14, 4))
     bottom = [0.0] * len(metrics)
     for part in ("rollout", "train", "drafter"):
         seconds = [m[f"{part}_seconds"] for m in metrics]
