@@ -132,6 +132,17 @@ def decode_tokens_per_second(engine, prompts, batch: int, max_new_tokens: int) -
     return tokens / (time.perf_counter() - start)
 
 
+def speculative(args) -> dict:
+    """The engine's tuner and drafter for decoding with SD (`--strategy`): the drafter, frozen, with one fixed
+    strategy at every batch size; none for plain decoding."""
+    if args.strategy is None:
+        return {}
+    from tlt.drafters import load_drafter
+    from tlt.schedulers.tuners import build_tuner
+
+    return {"tuner": build_tuner("fixed", [args.strategy], threshold=1024), "drafter": load_drafter(args.drafter)}
+
+
 def run(args) -> dict:
     from tlt.backends.native import NativeEngine
     from tlt.models.io import load_hf_folder
@@ -141,7 +152,7 @@ def run(args) -> dict:
     torch.set_num_threads(1)
     prompts = held_out_prompts(args.target, args.prompts, args.seed)
     model, tokenizer = load_hf_folder(args.target)
-    engine = NativeEngine(model, tokenizer.eos_token_id, max_seq_len=1024)
+    engine = NativeEngine(model, tokenizer.eos_token_id, max_seq_len=1024, **speculative(args))
     ctx = mp.get_context("spawn")
     commands, done = ctx.Queue(), ctx.Queue()
     proc = ctx.Process(target=trainer, args=(args.target, args.drafter, prompts[:16], commands, done), daemon=True)
@@ -186,12 +197,18 @@ def summarize(results: dict[str, dict[str, list[float]]]) -> dict:
     }
 
 
+def decoding(settings: dict) -> str:
+    if settings.get("strategy") is None:
+        return "Plain greedy native decoding"
+    return f"Greedy native decoding with SD (the frozen drafter, strategy {settings['strategy']} at every batch size)"
+
+
 def render(report: dict) -> str:
     s = report["settings"]
     lines = [
         "# Rollout slowdown from drafter training on the other core",
         "",
-        f"Plain greedy native decoding of {s['prompts']} held-out prompts (batch {s['batch']}, up to "
+        f"{decoding(s)} of {s['prompts']} held-out prompts (batch {s['batch']}, up to "
         f"{s['max_new_tokens']} tokens) on core 0 of `{s['target']}`, while core 1 is idle, runs a synthetic load "
         "(spin: pure-Python loop; matmul: 128x128 matmuls in its own L2; stream: sweeps over 64 MB), or runs "
         f"spot drafter micro-steps of `{s['drafter']}` at each `drafter.batch_tokens`; {s['rounds']} "
@@ -216,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=4, help="decode batch size")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--strategy", help="decode with SD: the drafter and this fixed strategy (e.g. 3_1_4)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     try:
