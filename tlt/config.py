@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from tlt.speculative.strategy import SpecStrategy
 
 PRECISIONS = ("32-true", "bf16-mixed", "auto")  # auto: tlt.machine.resolve_precision
+DRAFTER_KINDS = ("eagle", "small_lm", "ngram", "suffix", "eagle+suffix", "small_lm+suffix")
 
 
 class ConfigError(ValueError):
@@ -219,7 +220,9 @@ class SpeculativeConfig:
 
 @dataclass
 class DrafterConfig:
-    kind: str = "eagle"  # eagle, small_lm, ngram, suffix
+    # eagle, small_lm, ngram, suffix; or a learned drafter composed with the suffix drafter, chosen per row and
+    # step (tlt.drafters.composed): eagle+suffix, small_lm+suffix
+    kind: str = "eagle"
     path: str | None = None  # a saved tlt drafter folder to start from
     small_lm_preset: str = "test"  # model preset of the small_lm drafter
     lr: float = 1e-3  # AdamW peak learning rate of drafter training (offline; online too unless online_lr is set)
@@ -251,7 +254,7 @@ class DrafterConfig:
     history_responses: int = 64  # suffix drafter: finished responses kept per prompt (oldest out first)
 
     def __post_init__(self) -> None:
-        _check_choice("drafter.kind", self.kind, ("eagle", "small_lm", "ngram", "suffix"))
+        _check_choice("drafter.kind", self.kind, DRAFTER_KINDS)
         _check(self.history_tokens >= 0, "drafter.history_tokens", "an integer >= 0", self.history_tokens)
         _check(self.history_responses >= 0, "drafter.history_responses", "an integer >= 0", self.history_responses)
         _check_choice("drafter.precision", self.precision, PRECISIONS)

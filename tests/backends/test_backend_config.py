@@ -21,7 +21,7 @@ from tlt.config import ConfigError, load_config
                 "speculative.strategies=['3_1_4']",
                 "drafter.kind=small_lm",
             ],
-            "eagle or ngram",
+            "eagle, ngram or suffix",
         ),
         (
             [

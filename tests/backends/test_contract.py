@@ -23,6 +23,7 @@ from tlt.drafters.base import DrafterMismatchError
 from tlt.drafters.eagle import EagleDrafter
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.small_lm import SmallLMDrafter
+from tlt.drafters.suffix import SuffixDrafter
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners.base import FixedTuner
 from tlt.training.weight_push import PushError, push
@@ -93,9 +94,17 @@ class Engines:
         self.cache = {}
 
     def get(self, setup: str):
-        """'plain', 'eagle' (the copy drafter, whose drafts are accepted; SD at any batch size) or 'ngram'."""
+        """'plain', 'eagle' (the copy drafter, whose drafts are accepted; SD at any batch size), 'ngram' or
+        'suffix' (vLLM: its own suffix decoding; SGLang has none)."""
+        if setup == "suffix" and self.backend == "sglang":
+            pytest.skip("SGLang has no suffix decoding")
         if setup not in self.cache:
-            drafter = {"plain": None, "eagle": copy_drafter(self.target), "ngram": NgramDrafter(3, 1)}[setup]
+            make = {
+                "plain": lambda: None,
+                "eagle": lambda: copy_drafter(self.target),
+                "ngram": lambda: NgramDrafter(3, 1),
+            }
+            drafter = (make | {"suffix": SuffixDrafter})[setup]()
             self.cache[setup] = self.build(drafter, None if drafter is None else STRATEGY)
         return self.cache[setup]
 
@@ -206,7 +215,7 @@ def test_greedy_samples_of_a_prompt_are_equal(engines, reference):
     assert _tokens(rollouts) == [t for t in _truth(reference, engines.eos, PROMPTS[:2]) for _ in range(2)]
 
 
-@pytest.mark.parametrize("setup", ["plain", "eagle", "ngram"])
+@pytest.mark.parametrize("setup", ["plain", "eagle", "ngram", "suffix"])
 def test_greedy_equals_native(engines, reference, repeated, setup):
     engine = engines.get(setup)
     rollouts = engine.generate(PROMPTS, GREEDY)
@@ -286,13 +295,15 @@ def test_drafter_update_takes_effect_and_keeps_greedy_output(engines, reference,
         engine.set_drafter(copy_drafter(engines.target))
 
 
-def test_speculative_sampling_keeps_the_targets_distribution(engines, repeated):
+@pytest.mark.parametrize("setup", ["eagle", "suffix"])
+def test_speculative_sampling_keeps_the_targets_distribution(engines, repeated, setup):
     """Chi-square test of homogeneity (alpha = 0.001 per position) between the tokens at positions 1-3 of
-    3000 samples with SD (copy drafter, which gets drafts accepted) and 3000 without."""
+    3000 samples with SD (the copy drafter, or suffix drafts of the repeated prompt token: both get drafts
+    accepted) and 3000 without."""
     params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=11)
     prompt = [repeated]
     plain = _padded(engines.get("plain").generate(prompt, params, n=3000))
-    engine = engines.get("eagle")  # the copy drafter
+    engine = engines.get(setup)
     rollouts = engine.generate(prompt, SamplingParams(temperature=1.0, max_new_tokens=4, seed=12), n=3000)
     assert sum(s.accepted_tokens for s in engine.step_stats) > 500  # the test exercises acceptance
     spec = _padded(rollouts)

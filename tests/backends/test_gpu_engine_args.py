@@ -110,3 +110,18 @@ def test_int8_drafting_on_cuda_fails_at_config_check():
     with pytest.raises(ConfigError, match="speculative.draft_int8.*train.device=cuda"):
         check_backend_config(cfg)
     check_backend_config(load_config(None, ["speculative.draft_int8=true", "train.device=cpu"]))
+
+
+def test_vllm_suffix_decoding_carries_the_suffix_drafters_settings():
+    """A tlt suffix drafter maps onto vLLM's method="suffix" with its depth, spec factor and token floor; vLLM
+    keeps its own history (a global cache of SUFFIX_CACHED_REQUESTS responses)."""
+    from tlt.backends.vllm import SUFFIX_CACHED_REQUESTS, SpecSettings
+    from tlt.drafters.suffix import SuffixDrafter
+
+    spec = SpecSettings.of(SuffixDrafter(max_depth=32, spec_factor=2.0, min_token_prob=0.2), "4_1_5", 8)
+    config = spec.vllm_config(None, max_num_seqs=64)
+    assert config["method"] == "suffix" and config["num_speculative_tokens"] == 4
+    assert config["suffix_decoding_max_tree_depth"] == 32 and config["suffix_decoding_max_spec_factor"] == 2.0
+    assert config["suffix_decoding_min_token_prob"] == 0.2
+    assert config["suffix_decoding_max_cached_requests"] == SUFFIX_CACHED_REQUESTS
+    assert config["num_speculative_tokens_per_batch_size"] == [(1, 8, 4), (9, 64, 0)]

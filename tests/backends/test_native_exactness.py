@@ -33,6 +33,7 @@ from tlt.backends import native_runner
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.config import DrafterConfig
+from tlt.drafters.composed import ComposedDrafter
 from tlt.drafters.eagle import EagleDrafter
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.small_lm import SmallLMDrafter
@@ -54,6 +55,8 @@ CASES = {
     "small_lm": (lambda m: SmallLMDrafter(_model(seed=2)), "3_1_4", "tree"),
     "ngram": (lambda m: NgramDrafter(3, 1), "3_1_4", "tree"),
     "suffix": (lambda m: SuffixDrafter(), "3_1_4", "tree"),  # drafts from the other rows of the same prompt
+    # EAGLE's sampled chains on some rows, suffix chains (q one-hot) on others, in one verify
+    "composed": (lambda m: ComposedDrafter(_distilled_eagle(m).clone(), SuffixDrafter()), "3_1_4", "chain"),
 }
 
 
@@ -115,7 +118,8 @@ def sample_size(joint: np.ndarray) -> int:
 
 
 def sd_pairs(target, case: str, n: int, seed: int) -> tuple[torch.Tensor, int, int]:
-    """([n, 2] (y2, y3) of n SD rollouts of PROMPT, accepted draft tokens, SD steps) through NativeEngine."""
+    """([n, 2] (y2, y3) of n SD rollouts of PROMPT, accepted draft tokens, SD steps) through NativeEngine; a
+    composed drafter must have drafted rows from both its parts."""
     make, strategy, _ = CASES[case]
     engine = NativeEngine(target, None, 16, tuner=FixedTuner(strategy, threshold=10**6), drafter=make(target))
     pairs, accepted, sd_steps = [], 0, 0
@@ -125,6 +129,9 @@ def sd_pairs(target, case: str, n: int, seed: int) -> tuple[torch.Tensor, int, i
         pairs.append(torch.stack([r.token_ids[1:3] for r in rollouts]))
         accepted += sum(s.accepted_tokens for s in engine.step_stats if s.sd_on)
         sd_steps += sum(1 for s in engine.step_stats if s.sd_on)
+    if case == "composed":
+        counts = engine.drafter.attribution()
+        assert counts["learned"]["verifies"] > 0 and counts["suffix"]["verifies"] > 0, counts
     return torch.cat(pairs), accepted, sd_steps
 
 

@@ -113,7 +113,9 @@ def test_load_errors(tmp_path):
         load_drafter(tmp_path / "empty")
     (tmp_path / "odd").mkdir()
     (tmp_path / "odd" / "tlt_drafter.json").write_text('{"kind": "oracle"}')
-    with pytest.raises(ValueError, match="unknown drafter kind 'oracle'; available: eagle, ngram, small_lm"):
+    with pytest.raises(
+        ValueError, match="unknown drafter kind 'oracle'; available: composed, eagle, ngram, small_lm, suffix"
+    ):
         load_drafter(tmp_path / "odd")
 
 

@@ -50,8 +50,10 @@ def check_backend_config(cfg: RunConfig) -> None:
             "speculative.strategies[0] while at most speculative.threshold sequences run), "
             "speculative.enabled=false, or the native backend for the adaptive tuners"
         )
-    if backend == "vllm" and cfg.drafter.kind not in ("eagle", "ngram"):
-        raise ConfigError(f"drafter.kind: rollout.backend=vllm runs eagle or ngram drafters, got {cfg.drafter.kind!r}")
+    if backend == "vllm" and cfg.drafter.kind not in ("eagle", "ngram", "suffix"):
+        raise ConfigError(
+            f"drafter.kind: rollout.backend=vllm runs eagle, ngram or suffix drafters, got {cfg.drafter.kind!r}"
+        )
     if backend == "sglang" and cfg.drafter.kind != "eagle":
         raise ConfigError(f"drafter.kind: rollout.backend=sglang runs eagle drafters, got {cfg.drafter.kind!r}")
     if backend == "sglang" and cfg.scheduler.policy != "never":

@@ -30,7 +30,7 @@ CAPABILITIES = Capabilities(
     drafter_hot_swap=True,
     hidden_states=True,
     tree_drafts=True,
-    drafters=("eagle", "small_lm", "ngram", "suffix"),
+    drafters=("eagle", "small_lm", "ngram", "suffix", "composed"),
 )
 
 

@@ -4,8 +4,12 @@ Runs on GPUs with `vllm` and on CPU-only machines with the PyPI package `vllm-cp
 core runs in a process vLLM spawns, so scripts that build a `VLLMEngine` need an `if __name__ == "__main__":`
 guard. What maps onto vLLM and what does not (`CAPABILITIES`):
 
-- Speculative decoding with a tlt EAGLE drafter (exported to vLLM's EAGLE-1 folder, `tlt.drafters.export`) or
-  vLLM's own n-gram prompt lookup. Drafts are chains: a strategy must be `K_1_{K+1}` (no trees).
+- Speculative decoding with a tlt EAGLE drafter (exported to vLLM's EAGLE-1 folder, `tlt.drafters.export`),
+  vLLM's own n-gram prompt lookup, or vLLM's suffix decoding (`method="suffix"`, arctic-inference's suffix trees)
+  for a tlt suffix drafter: its depth, spec factor and minimum token probability carry over, but the history is
+  vLLM's own (per-prompt trees, plus a global tree over the last `SUFFIX_CACHED_REQUESTS` responses to any
+  prompt, kept while the engine runs and across weight updates), not the tlt drafter's store: nothing of it is
+  saved in a checkpoint. Drafts are chains: a strategy must be `K_1_{K+1}` (no trees).
 - TLT's SD on/off by batch size maps onto vLLM's dynamic speculative decoding: a fixed batch-size schedule
   (`sd_max_batch`: SD with K draft tokens while at most that many sequences run, plain decoding above), set
   when the engine starts. vLLM cannot consult a tuner before every decode step, so the adaptive tuners
@@ -59,7 +63,7 @@ CAPABILITIES = Capabilities(
     drafter_hot_swap=True,  # same-shape EAGLE weights, in place; no new kind of drafter without a restart
     hidden_states=False,
     tree_drafts=False,
-    drafters=("eagle", "ngram"),
+    drafters=("eagle", "ngram", "suffix"),
     per_step_stats=False,
 )
 INSTALL_HINT = (
@@ -84,14 +88,18 @@ def cpu_environment(core: int | None = None) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(core))
 
 
+SUFFIX_CACHED_REQUESTS = 10_000  # vLLM's default: responses its global suffix tree keeps (any prompt)
+
+
 @dataclasses.dataclass(frozen=True)
 class SpecSettings:
     """What vLLM is told about speculative decoding when the engine starts."""
 
-    method: str  # "eagle" or "ngram"
+    method: str  # "eagle", "ngram" or "suffix"
     num_tokens: int  # K drafted tokens per verify (strategy K_1_{K+1})
     sd_max_batch: int | None  # SD only while at most this many sequences run (None: always)
     prompt_lookup: tuple[int, int] | None = None  # ngram: (min, max) n-gram sizes
+    suffix: tuple[int, float, float] | None = None  # suffix: (tree depth, spec factor, min token probability)
 
     @classmethod
     def of(cls, drafter: Drafter, strategy: SpecStrategy | str, sd_max_batch: int | None) -> SpecSettings:
@@ -108,14 +116,23 @@ class SpecSettings:
         if sd_max_batch is not None and sd_max_batch < 1:
             raise ValueError(f"sd_max_batch must be >= 1 (or None: SD at every batch size), got {sd_max_batch}")
         lookup = (drafter.min_ngram, drafter.max_ngram) if drafter.kind == "ngram" else None
-        return cls(drafter.kind, strategy.steps, sd_max_batch, lookup)
+        suffix = (drafter.max_depth, drafter.spec_factor, drafter.min_token_prob) if drafter.kind == "suffix" else None
+        return cls(drafter.kind, strategy.steps, sd_max_batch, lookup, suffix)
 
     def vllm_config(self, draft_folder: Path | None, max_num_seqs: int) -> dict:
         config: dict = {"method": self.method, "num_speculative_tokens": self.num_tokens}
         if self.method == "eagle":
             config["model"] = str(draft_folder)
-        else:
+        elif self.method == "ngram":
             config["prompt_lookup_min"], config["prompt_lookup_max"] = self.prompt_lookup
+        else:
+            depth, factor, min_prob = self.suffix
+            config |= {
+                "suffix_decoding_max_tree_depth": depth,
+                "suffix_decoding_max_spec_factor": factor,
+                "suffix_decoding_min_token_prob": min_prob,
+                "suffix_decoding_max_cached_requests": SUFFIX_CACHED_REQUESTS,
+            }
         if self.sd_max_batch is not None and self.sd_max_batch < max_num_seqs:
             config["num_speculative_tokens_per_batch_size"] = [
                 (1, self.sd_max_batch, self.num_tokens),
@@ -338,6 +355,11 @@ class VLLMEngine:
             raise UnsupportedFeatureError(
                 f"this vLLM engine looks up n-grams of sizes {self.spec.prompt_lookup}; a drafter with "
                 f"({drafter.min_ngram}, {drafter.max_ngram}) needs a new engine"
+            )
+        elif kind == "suffix" and SpecSettings.of(drafter, self.spec.strategy, None).suffix != self.spec.suffix:
+            raise UnsupportedFeatureError(
+                f"this vLLM engine drafts suffixes with (depth, spec factor, min token prob) {self.spec.suffix}; a "
+                "suffix drafter with other settings needs a new engine"
             )
 
     def set_drafter(self, drafter: Drafter | None) -> None:

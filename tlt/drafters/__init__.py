@@ -19,6 +19,7 @@ DRAFTERS = {
     "small_lm": "tlt.drafters.small_lm:SmallLMDrafter",
     "ngram": "tlt.drafters.ngram:NgramDrafter",
     "suffix": "tlt.drafters.suffix:SuffixDrafter",
+    "composed": "tlt.drafters.composed:ComposedDrafter",
 }
 DRAFTER_JSON = "tlt_drafter.json"
 

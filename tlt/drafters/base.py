@@ -30,9 +30,6 @@ class Drafter(ABC):
     kind: str  # registry name: "eagle", "small_lm", "ngram", "suffix"
     uses_target_hidden: bool  # whether append/start need the target's hidden states
     version: int | None = None  # policy version it was pushed to an engine with (tlt.training.weight_push)
-    # its state is what the engine feeds it (the suffix drafter's history), not trained weights: a push hands the
-    # engine this object itself, so the trainer's drafter (and its checkpoint) is the one that saw the rollouts
-    engine_owned: bool = False
 
     @abstractmethod
     def bind(self, target: torch.nn.Module) -> None:
@@ -95,6 +92,17 @@ class Drafter(ABC):
         """An independent copy of the drafter's own weights (bind it before use); training the original
         afterwards leaves the copy alone."""
         return copy.deepcopy(self)
+
+    def for_engine(self) -> Drafter:
+        """What a weight push installs in an engine: a clone of trained weights, so later training leaves the
+        engine's copy alone. State that the engine itself feeds (the suffix drafter's history) is shared
+        instead, so the trainer's drafter, and its checkpoint, is the one that saw the rollouts."""
+        return self.clone()
+
+    def probe(self) -> Drafter:
+        """A drafter `for_engine()` returned, as a push dry-runs it: itself, or a copy without the state it
+        shares (a dry run must not write into the shared history)."""
+        return self
 
 
 DRY_RUN_STRATEGY = SpecStrategy(steps=1, topk=1, verify_tokens=2)

@@ -124,7 +124,6 @@ class SuffixDrafter(Drafter):
 
     kind = "suffix"
     uses_target_hidden = False
-    engine_owned = True  # its history is what the engine fed it
 
     @classmethod
     def from_config(cls, cfg, target, seed: int = 0) -> SuffixDrafter:
@@ -192,25 +191,41 @@ class SuffixDrafter(Drafter):
         self.rows = [self.rows[r] for r in kept]
 
     def propose(self, strategy: SpecStrategy) -> DraftTree:
-        rows = [self._row_tree(row, strategy) for row in self.rows]
-        both = torch.tensor([[tokens for tokens, _ in rows], [parents for _, parents in rows]], device=self.device)
-        return DraftTree(tokens=both[0], parents=both[1])  # [B, N] each, from one host-to-tensor copy
+        return self.propose_scored(strategy)[0]
 
-    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> tuple[list[int], list[int]]:
-        """(tokens, parents) of the row's draft: arctic's chain or tree, cut to the strategy, then filler."""
+    def propose_scored(self, strategy: SpecStrategy) -> tuple[DraftTree, list[float]]:
+        """The drafts and, per row, the tokens it expects accepted: the sum over the draft's nodes of how often
+        the history continued that way (arctic's score; for a chain, the expected accepted length when the
+        history's frequencies are the target's probabilities)."""
+        rows = [self._row_tree(row, strategy) for row in self.rows]
+        both = torch.tensor(
+            [[tokens for tokens, _, _ in rows], [parents for _, parents, _ in rows]], device=self.device
+        )
+        return DraftTree(tokens=both[0], parents=both[1]), [score for _, _, score in rows]  # one host copy
+
+    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> tuple[list[int], list[int], float]:
+        """(tokens, parents, score) of the row's draft: arctic's chain or tree, cut to the strategy, then
+        filler."""
         draft = row.history.speculate(
             row.context, strategy.steps, self.spec_factor, self.min_token_prob, strategy.topk > 1
         )
         root, N = row.context[-1], strategy.verify_tokens
         if strategy.topk == 1:  # a chain: no tree bookkeeping
-            tokens = [root, *draft.token_ids[: strategy.steps]][:N]
-            return tokens + [root] * (N - len(tokens)), list(range(-1, N - 1))
+            kept = draft.token_ids[: min(strategy.steps, N - 1)]
+            tokens = [root, *kept]
+            return tokens + [root] * (N - len(tokens)), list(range(-1, N - 1)), sum(draft.probs[: len(kept)])
         trie, nodes = _Trie(root, strategy), []
         for token, parent in zip(draft.token_ids, draft.parents, strict=True):  # topological: parents first
             under = 0 if parent < 0 else nodes[parent]
             nodes.append(None if under is None else trie.attach(under, token))
         trie.pad(root)
-        return trie.tokens, trie.parents
+        return trie.tokens, trie.parents, draft.score
+
+    def for_engine(self) -> SuffixDrafter:
+        return self  # its history is what the engine feeds it (Drafter.for_engine)
+
+    def probe(self) -> SuffixDrafter:
+        return type(self)(**self.config())
 
     def clone(self) -> SuffixDrafter:
         """A copy with the same settings and history store (the C++ trees are rebuilt, not deep-copied)."""

@@ -55,6 +55,15 @@ class EvalReport:
         )
 
 
+def heldout_prompt_ids(tokenizer, count: int) -> list[list[int]]:
+    """Token ids of the first `count` held-out problems of the default data config, as prompts (benchmarks)."""
+    from tlt.config import DataConfig
+    from tlt.data.splits import heldout_problems, task_mix
+
+    data = DataConfig()
+    return [tokenizer.encode(format_prompt(p.question)) for p in heldout_problems(task_mix(data), count, data.seed)]
+
+
 def generate_responses(
     model,
     tokenizer,

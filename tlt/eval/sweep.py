@@ -51,7 +51,8 @@ def cell_config(grid: Grid, cell: Cell) -> RunConfig:
         cfg = load_config(cell.base or grid.base, overrides)
         check_rl_config(cfg)
         online = cfg.speculative.enabled and cfg.scheduler.policy != "never"
-        if online and not cfg.drafter.path and cfg.drafter.kind != "eagle":  # RLTrainer's check, made up front
+        learned = cfg.drafter.kind.split("+")[0]  # a composed drafter trains its learned part
+        if online and not cfg.drafter.path and learned != "eagle":  # RLTrainer's check, made up front
             raise ConfigError(
                 f"scheduler.policy: online drafter training needs an EAGLE drafter, got {cfg.drafter.kind!r}; "
                 "set scheduler.policy=never to keep it frozen"

@@ -102,6 +102,12 @@ class StepMetrics:
     idle_seconds: float = 0.0  # time ranks waited between their own share's end and the last rank's
     idle_train_seconds: float = 0.0  # of that idle time, seconds spent in drafter micro-steps
     drafter_checkpoint_seconds: float = 0.0  # the step blocked this long for its async drafter checkpoint
+    # A composed drafter (drafter.kind=eagle+suffix), summed over ranks: SD verifies (rows) each part drafted and
+    # the draft tokens accepted on them; 0 with any other drafter
+    learned_verifies: int = 0
+    learned_accepted: int = 0
+    suffix_verifies: int = 0
+    suffix_accepted: int = 0
     # The decode steps of the step's slowest generate (`decode_timeline`): not a scalar, so not in metrics.csv
     timeline: list[list] = field(default_factory=list)
 
@@ -137,12 +143,20 @@ class ProblemSampler:
 
 
 def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
-    """The drafter to start from: the saved one at drafter.path, else a fresh one of drafter.kind."""
+    """The drafter to start from: the saved one at drafter.path, else a fresh one of drafter.kind. A composed
+    kind (`eagle+suffix`) adds a fresh suffix drafter to that learned one, unless the saved one is composed."""
     from tlt.drafters import drafter_class, load_drafter
+    from tlt.drafters.composed import ComposedDrafter
+    from tlt.drafters.suffix import SuffixDrafter
 
+    learned_kind, *composed = cfg.drafter.kind.split("+")
     if cfg.drafter.path:
-        return load_drafter(cfg.drafter.path)
-    return drafter_class(cfg.drafter.kind).from_config(cfg.drafter, target, cfg.seed)
+        drafter = load_drafter(cfg.drafter.path)
+    else:
+        drafter = drafter_class(learned_kind).from_config(cfg.drafter, target, cfg.seed)
+    if composed and not isinstance(drafter, ComposedDrafter):
+        drafter = ComposedDrafter(drafter, SuffixDrafter.from_config(cfg.drafter, target))
+    return drafter
 
 
 def check_rl_config(cfg: RunConfig) -> None:
@@ -268,6 +282,7 @@ class RankPart:
     drafter_steps: int  # micro-steps of its drafter training, in idle time or after the update
     losses: list[float]  # their losses
     buffer: int  # drafter-buffer samples
+    drafted: dict[str, dict[str, int]] = field(default_factory=dict)  # a composed drafter's `take_attribution`
 
 
 def combine(parts: list[RankPart], step: int, version: int, update: UpdateStats) -> StepMetrics:
@@ -305,6 +320,11 @@ def combine(parts: list[RankPart], step: int, version: int, update: UpdateStats)
         spot_steps=sum(p.overlap.spot_steps for p in parts),
         idle_seconds=sum(p.overlap.idle for p in parts),
         idle_train_seconds=sum(p.overlap.idle_train for p in parts),
+        **{
+            f"{source}_{count}": sum(p.drafted.get(source, {}).get(count, 0) for p in parts)
+            for source in ("learned", "suffix")
+            for count in ("verifies", "accepted")
+        },
         timeline=max(parts, key=lambda p: p.generate).timeline,
     )
 
@@ -392,7 +412,7 @@ class RLTrainer:
         every = self.cfg.train.drafter_checkpoint_every
         if self.drafter_checkpoint is None or (self.step_index + 1) % every:
             return metrics
-        blocked = self.drafter_checkpoint.save(self.drafter, self.stepper.optimizer, self.step_index + 1, self.version)
+        blocked = self.drafter_checkpoint.save(self.trained, self.stepper.optimizer, self.step_index + 1, self.version)
         return dataclasses.replace(metrics, drafter_checkpoint_seconds=blocked)
 
     def _write_drafter_checkpoint(self) -> None:
@@ -410,17 +430,22 @@ class RLTrainer:
         """The buffer and stepper when the drafter trains online (SD on, policy not `never`), else Nones."""
         if self.drafter is None or self.cfg.scheduler.policy == "never":
             return None, None
-        if self.drafter.kind != "eagle":
+        if self.trained.kind != "eagle":
             raise ConfigError(
                 "scheduler.policy: online drafter training needs an EAGLE drafter, got "
                 f"{self.drafter.kind!r}; set scheduler.policy=never to keep it frozen"
             )
-        self.drafter.bind(self.policy)  # the replica reads the policy's current embedding / LM head
+        self.trained.bind(self.policy)  # the replica reads the policy's current embedding / LM head
         d = self.cfg.drafter
         buffer = DrafterBuffer(
             self.cfg.scheduler.buffer_bytes, d.buffer_decay, d.buffer_long_tokens, self.cfg.seed, self.device
         )
-        return buffer, DrafterStepper(self.drafter.head, buffer, d)
+        return buffer, DrafterStepper(self.trained.head, buffer, d)
+
+    @property
+    def trained(self) -> Drafter | None:
+        """The drafter whose weights train online: the drafter itself, or a composed drafter's learned part."""
+        return getattr(self.drafter, "learned", self.drafter)
 
     def step(self) -> StepMetrics:
         """One RL step (module doc); returns its metrics. The engine runs the new version afterwards. On N
@@ -488,6 +513,7 @@ class RLTrainer:
             drafter_steps=overlap.drafter_steps + len(losses),
             losses=overlap.losses + losses,
             buffer=0 if self.buffer is None else len(self.buffer),
+            drafted=self.drafter.take_attribution() if hasattr(self.drafter, "take_attribution") else {},
         )
 
     def _gather(self, part: RankPart) -> list[RankPart]:

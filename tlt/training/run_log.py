@@ -21,6 +21,9 @@ def progress_line(m: StepMetrics, total_steps: int) -> str:
     )
     if m.reward_errors:
         line += f"  UNGRADED {m.reward_errors}"
+    if m.suffix_verifies:  # a composed drafter: the suffix drafter's share of SD rows and its acceptance
+        share = m.suffix_verifies / (m.suffix_verifies + m.learned_verifies)
+        line += f"  suffix {share:.0%} of SD rows, accept {1 + m.suffix_accepted / m.suffix_verifies:.2f}"
     if m.idle_seconds > 0:  # several processes: the ranks' wait for the last rollout share, and its use
         line += f"  idle {m.idle_seconds:.2f}s (spot {m.spot_steps} steps, {m.idle_train_seconds:.2f}s)"
     return line
@@ -80,9 +83,19 @@ def plot_summary(metrics: list[dict], path: Path) -> None:
     reward_ax.plot(steps, [m["accuracy"] for m in metrics], marker=".", label="accuracy")
     reward_ax.set(xlabel="RL step", title="reward")
     reward_ax.legend()
-    accept_ax.plot(steps, [m["accept_length"] for m in metrics], marker="o")
+    accept_ax.plot(steps, [m["accept_length"] for m in metrics], marker="o", label="all SD rows")
+    if any(m.get("suffix_verifies", 0) for m in metrics):  # a composed drafter: who drafted the accepted tokens
+        for source in ("learned", "suffix"):
+            accept_ax.plot(steps, [_per_verify(m, source) for m in metrics], marker=".", label=f"{source} rows")
+        accept_ax.legend()
     accept_ax.set(xlabel="RL step", ylabel="tokens per verify", title="acceptance length (0: no SD)")
     for ax in (time_ax, reward_ax, accept_ax):
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.tight_layout()
     atomic_save_figure(fig, path, dpi=100)
+
+
+def _per_verify(m: dict, source: str) -> float:
+    """Tokens per verify (accepted + 1) on the rows a composed drafter's `source` part drafted; nan without any."""
+    verifies = m.get(f"{source}_verifies", 0)
+    return 1 + m[f"{source}_accepted"] / verifies if verifies else float("nan")

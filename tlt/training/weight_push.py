@@ -38,11 +38,10 @@ def push(engine: RolloutEngine, policy_state: Mapping[str, torch.Tensor], drafte
     """
     try:
         engine.check_weights(policy_state)
-        candidate = drafter if drafter.engine_owned else drafter.clone()
+        candidate = drafter.for_engine()
         if candidate is not engine.drafter:
             _check_finite(candidate)
-            # binds and drafts once (native) or checks shapes (vLLM); an engine-owned drafter's state stays clean
-            engine.check_drafter(candidate.clone() if drafter.engine_owned else candidate)
+            engine.check_drafter(candidate.probe())  # binds and drafts once (native) or checks shapes (vLLM)
     except Exception as err:
         raise PushError(
             f"push of version {version} rejected, the engine keeps version {engine.weights_version}: {err}"
@@ -58,8 +57,11 @@ def push(engine: RolloutEngine, policy_state: Mapping[str, torch.Tensor], drafte
 
 
 def _check_finite(drafter: Drafter) -> None:
-    """Every saved tensor of the drafter's modules is finite (a diverged or half-written update is not)."""
+    """Every saved tensor of the drafter's modules (and its parts') is finite (a diverged or half-written update
+    is not)."""
     for module_name, module in vars(drafter).items():
+        if isinstance(module, Drafter):
+            _check_finite(module)
         if not isinstance(module, torch.nn.Module):
             continue
         for name, tensor in module.state_dict().items():

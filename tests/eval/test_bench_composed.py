@@ -1,0 +1,35 @@
+"""eval.bench_composed: the committed report is what its table renders from the committed raw data, and the
+summary sums over rounds as the report says."""
+
+import json
+from pathlib import Path
+
+from eval.bench_composed import summarize, table
+
+RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results" / "composed_deep_v1"
+
+
+def test_the_committed_report_renders_from_its_json():
+    report = json.loads((RESULTS / "composed.json").read_text())
+    assert table(report) == (RESULTS / "composed.md").read_text()
+
+
+def test_tokens_per_second_are_summed_over_rounds_and_compared_with_eagle():
+    def run(seconds, tokens, **extra):
+        return {"seconds": seconds, "tokens": tokens, "sd_verifies": 10, "accepted": 20, "sd_tokens": tokens} | extra
+
+    attribution = {"learned": {"verifies": 9, "accepted": 18}, "suffix": {"verifies": 1, "accepted": 3}}
+    rounds = [
+        {
+            "plain": [run(2.0, 100)] * 2,
+            "eagle": [run(1.0, 100)] * 2,
+            "composed": [run(s, 100, attribution=attribution)] * 2,
+        }
+        for s in (0.5, 2.0)
+    ]
+    rows = {(r["pass"], r["arm"]): r for r in summarize({"rounds": rounds})}
+    composed = rows[(1, "composed")]
+    assert composed["tokens_per_second"] == 200 / 2.5 and composed["vs_eagle"] == 0.8
+    assert composed["time_ratio_median"] == (2.0 + 0.5) / 2  # median of 1 / 0.5 and 1 / 2
+    assert composed["suffix_share"] == 0.1 and composed["suffix_accepted"] == 3
+    assert rows[(2, "plain")]["vs_eagle"] == 0.5
