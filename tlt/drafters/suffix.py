@@ -22,7 +22,9 @@ without their prompt, which a first step cannot match, and evicts only by count)
 whose match scores higher. What is kept: per prompt at most `history_responses` finished responses (oldest out
 first; running ones are never evicted), over all prompts at most `history_tokens` stored tokens (least recently
 used prompt out first; the prompts of the running call stay). The store is saved with the drafter
-(`history.json`) and restored by `load`, so a resumed RL run keeps it.
+(`history.json`) and restored by `load`, so a resumed RL run keeps it. In an RL run on several ranks every rank's
+store takes in the other ranks' responses after each step (`add_history`), so a prompt finds its earlier responses
+whichever rank draws it.
 """
 
 from __future__ import annotations
@@ -252,6 +254,11 @@ class SuffixDrafter(Drafter):
     def restore(self, history: list[dict]) -> None:
         """Rebuild the store from `history()` (the running rows are dropped)."""
         self.rows, self.histories = [], OrderedDict()
+        self.add_history(history)
+
+    def add_history(self, history: list[dict]) -> None:
+        """Add finished responses (entries as `history()` gives them) to the store, as if this drafter had seen
+        them: another rank's rollouts, so that a prompt finds its earlier responses whichever rank drew it."""
         for i, entry in enumerate(history):
             if not isinstance(entry, dict) or not {"prompt", "responses"} <= set(entry):
                 raise ValueError(f"suffix drafter history entry {i}: expected {{'prompt': [...], 'responses': [...]}}")
@@ -260,7 +267,7 @@ class SuffixDrafter(Drafter):
                 seq = prompt_history.start()
                 prompt_history.add(seq, [int(t) for t in response])
                 prompt_history.finish(seq)
-        self._evict(keep=set())
+        self._evict(keep={row.history for row in self.rows})
 
     def save(self, path: str | Path) -> None:
         """The config (`tlt_drafter.json`) and the history store (`history.json`), atomically."""

@@ -43,6 +43,7 @@ from tlt.data.prompts import format_prompt
 from tlt.data.rewards import count_grading_errors, math_rewards
 from tlt.data.tasks import MathProblem
 from tlt.drafters.base import Drafter
+from tlt.drafters.suffix import SuffixDrafter
 from tlt.eval.heldout import LengthStats
 from tlt.training.drafter.buffer import DrafterBuffer, DrafterSample
 from tlt.training.drafter.checkpoint import AsyncDrafterCheckpoint, load_drafter_state
@@ -283,6 +284,9 @@ class RankPart:
     losses: list[float]  # their losses
     buffer: int  # drafter-buffer samples
     drafted: dict[str, dict[str, int]] = field(default_factory=dict)  # a composed drafter's `take_attribution`
+    # with a suffix drafter on several ranks: this rank's responses of the step, per prompt (`history()` entries),
+    # which the other ranks add to their own history (`DistributedRLTrainer._gather`)
+    responses: list[dict] = field(default_factory=list)
 
 
 def combine(parts: list[RankPart], step: int, version: int, update: UpdateStats) -> StepMetrics:
@@ -514,7 +518,24 @@ class RLTrainer:
             losses=overlap.losses + losses,
             buffer=0 if self.buffer is None else len(self.buffer),
             drafted=self.drafter.take_attribution() if hasattr(self.drafter, "take_attribution") else {},
+            responses=self._responses(share.rollouts),
         )
+
+    @property
+    def suffix(self) -> SuffixDrafter | None:
+        """The suffix drafter (alone or a composed drafter's part) whose history the rollouts feed, else None."""
+        found = getattr(self.drafter, "suffix", self.drafter)
+        return found if isinstance(found, SuffixDrafter) else None
+
+    def _responses(self, rollouts: list[Rollout]) -> list[dict]:
+        """This step's responses per prompt, for the other ranks' suffix histories (none in one process)."""
+        if self.suffix is None or not dist.is_initialized() or dist.get_world_size() == 1:
+            return []
+        groups: dict[int, dict] = {}
+        for r in rollouts:
+            entry = groups.setdefault(r.prompt_index, {"prompt": r.prompt_ids.tolist(), "responses": []})
+            entry["responses"].append(r.token_ids.tolist())
+        return list(groups.values())
 
     def _gather(self, part: RankPart) -> list[RankPart]:
         return [part]

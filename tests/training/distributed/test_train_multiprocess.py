@@ -243,3 +243,15 @@ def test_fsdp_needs_several_processes(config, tmp_path, capsys):  # noqa: F811
     assert "train.sharding=fsdp shards the policy update over processes" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="train.sharding: got 'zero3'"):
         load_config(config, ["train.sharding=zero3"])
+
+
+def test_a_suffix_drafters_history_holds_every_ranks_responses(config, tmp_path):  # noqa: F811
+    """With drafter.kind=suffix on 2 ranks, each rank's history takes in the other's responses after every step,
+    so the checkpoint (rank 0's drafter) holds all 2 steps x 2 prompts x 4 samples, not rank 0's half."""
+    from tlt.drafters import load_drafter
+
+    args = ["train.devices=2", "drafter.kind=suffix", "scheduler.policy=never", "grpo.steps=2"]
+    assert main(["train", str(config), *args, "--output-dir", str(tmp_path / "run")]) == 0
+    history = load_drafter(tmp_path / "run" / "checkpoint" / "drafter").history()
+    assert sum(len(h["responses"]) for h in history) == 2 * 2 * 4
+    assert len(history) == 2 * 2  # the 4 prompts of the 2 steps (each rank drew 1 per step)

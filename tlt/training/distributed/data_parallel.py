@@ -268,8 +268,13 @@ class DistributedRLTrainer(RLTrainer):
         return []  # trained in the wait (`_share`)
 
     def _gather(self, part: RankPart) -> list[RankPart]:
+        """Every rank's part; a suffix drafter's history takes in the other ranks' responses of the step."""
         parts: list[RankPart | None] = [None] * self.world_size
         dist.all_gather_object(parts, part)
+        if self.suffix is not None:
+            for rank, other in enumerate(parts):
+                if rank != self.rank:
+                    self.suffix.add_history(other.responses)
         return parts
 
     def _optimizer_state(self) -> dict:
