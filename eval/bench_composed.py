@@ -111,29 +111,33 @@ def run(args) -> dict:
     return {"machine": describe_machine(), "settings": vars(args), "rounds": rounds}
 
 
-def _median(values) -> float:
-    return statistics.median(values)
+SUMMED = ("seconds", "tokens", "sd_verifies", "accepted", "sd_tokens")
+
+
+def _totals(runs: list[dict]) -> dict:
+    return {key: sum(x[key] for x in runs) for key in SUMMED}
 
 
 def summarize(report: dict) -> list[dict]:
-    """Per pass and arm: the medians the table shows."""
+    """Per pass and arm: the sums over rounds (and the median time ratio) the table shows."""
     rows = []
     rounds = report["rounds"]
     for number in range(2):
         eagle = [r["eagle"][number] for r in rounds]
+        eagle_rate = _totals(eagle)["tokens"] / _totals(eagle)["seconds"]
         for arm in ARMS:
             runs = [r[arm][number] for r in rounds]
-            total = {
-                key: sum(x[key] for x in runs) for key in ("seconds", "tokens", "sd_verifies", "accepted", "sd_tokens")
-            }
+            total = _totals(runs)
             row = {
                 "pass": number + 1,
                 "arm": arm,
                 "seconds": total["seconds"],
                 "tokens": total["tokens"],
                 "tokens_per_second": total["tokens"] / total["seconds"],
-                "vs_eagle": total["tokens"] / total["seconds"] / (_sum(eagle, "tokens") / _sum(eagle, "seconds")),
-                "time_ratio_median": _median(e["seconds"] / x["seconds"] for x, e in zip(runs, eagle, strict=True)),
+                "vs_eagle": total["tokens"] / total["seconds"] / eagle_rate,
+                "time_ratio_median": statistics.median(
+                    e["seconds"] / x["seconds"] for x, e in zip(runs, eagle, strict=True)
+                ),
                 "accepted_per_verify": total["accepted"] / max(total["sd_verifies"], 1),
                 "sd_share": total["sd_tokens"] / total["tokens"],
             }
@@ -148,10 +152,6 @@ def summarize(report: dict) -> list[dict]:
                 row["learned_accepted"] = parts["learned"]["accepted"] / max(parts["learned"]["verifies"], 1)
             rows.append(row)
     return rows
-
-
-def _sum(runs: list[dict], key: str) -> float:
-    return sum(x[key] for x in runs)
 
 
 def table(report: dict) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from tlt.config import load_config
 from tlt.files import write_report
 from tlt.machine import describe_machine
+from tlt.training.run_log import part_tokens_per_verify
 
 KEYS = ("step", "rollout_seconds", "accept_length", "sd_token_share", "response_len_mean")
 PARTS = ("learned_verifies", "learned_accepted", "suffix_verifies", "suffix_accepted")  # composed drafters only
@@ -62,8 +63,8 @@ def _parts(e: dict) -> str:
     rows = e["suffix_verifies"] + e["learned_verifies"]
     if not rows:
         return "-"
-    per = lambda part: 1 + e[f"{part}_accepted"] / e[f"{part}_verifies"] if e[f"{part}_verifies"] else 0.0  # noqa: E731
-    return f"{e['suffix_verifies'] / rows:.1%}; {per('suffix'):.2f}, {per('learned'):.2f}"
+    per = [part_tokens_per_verify(e, part) for part in ("suffix", "learned")]
+    return f"{e['suffix_verifies'] / rows:.1%}; {per[0]:.2f}, {per[1]:.2f}"
 
 
 def table(data: dict) -> str:
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     out = Path(args.out)
     if args.render:
+        if not (out / "epochs.json").is_file():
+            parser.error(f"--render: no epochs.json in {out}")
         data = json.loads((out / "epochs.json").read_text())
     elif args.sweep is None:
         parser.error("give the sweep's output folder, or --render")

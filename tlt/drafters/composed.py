@@ -29,11 +29,12 @@ rule, exact like every other row. Trees (topk > 1) are deterministic in both dra
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
 
-from tlt.drafters import drafter_class, read_drafter_json, save_folder
+from tlt.drafters import load_drafter, read_drafter_json, save_folder
 from tlt.drafters.base import Drafter
 from tlt.drafters.suffix import SuffixDrafter
 from tlt.speculative.strategy import SpecStrategy
@@ -60,10 +61,7 @@ class _Record:
         return (accepted + 1) / (expected + 1)
 
     def copy(self) -> _Record:
-        twin = _Record()
-        twin.learned_accepted, twin.suffix_sums = dict(self.learned_accepted), list(self.suffix_sums)
-        twin.counts = {source: list(c) for source, c in self.counts.items()}
-        return twin
+        return copy.deepcopy(self)
 
 
 class ComposedDrafter(Drafter):
@@ -93,7 +91,7 @@ class ComposedDrafter(Drafter):
     def take_attribution(self) -> dict[str, dict[str, int]]:
         """`attribution()` since the last take (an RL step's), and restart the counts."""
         counts = self.attribution()
-        self.record.counts = {source: [0, 0] for source in SOURCES}
+        self.record.counts = _Record().counts
         return counts
 
     # ---- the drafter contract: both parts follow every row ------------------------------------------------
@@ -211,9 +209,4 @@ class ComposedDrafter(Drafter):
         payload = read_drafter_json(path)
         if payload.get("kind") != cls.kind:
             raise ValueError(f"{path} holds another kind of drafter, not {cls.kind!r}")
-        parts = [_load_part(Path(path) / name) for name in SOURCES]
-        return cls(*parts)
-
-
-def _load_part(folder: Path) -> Drafter:
-    return drafter_class(read_drafter_json(folder)["kind"]).load(folder)
+        return cls(*(load_drafter(Path(path) / name) for name in SOURCES))

@@ -86,7 +86,9 @@ def plot_summary(metrics: list[dict], path: Path) -> None:
     accept_ax.plot(steps, [m["accept_length"] for m in metrics], marker="o", label="all SD rows")
     if any(m.get("suffix_verifies", 0) for m in metrics):  # a composed drafter: who drafted the accepted tokens
         for source in ("learned", "suffix"):
-            accept_ax.plot(steps, [_per_verify(m, source) for m in metrics], marker=".", label=f"{source} rows")
+            accept_ax.plot(
+                steps, [part_tokens_per_verify(m, source) for m in metrics], marker=".", label=f"{source} rows"
+            )
         accept_ax.legend()
     accept_ax.set(xlabel="RL step", ylabel="tokens per verify", title="acceptance length (0: no SD)")
     for ax in (time_ax, reward_ax, accept_ax):
@@ -95,7 +97,7 @@ def plot_summary(metrics: list[dict], path: Path) -> None:
     atomic_save_figure(fig, path, dpi=100)
 
 
-def _per_verify(m: dict, source: str) -> float:
+def part_tokens_per_verify(m: dict, source: str) -> float:
     """Tokens per verify (accepted + 1) on the rows a composed drafter's `source` part drafted; nan without any."""
     verifies = m.get(f"{source}_verifies", 0)
     return 1 + m[f"{source}_accepted"] / verifies if verifies else float("nan")
