@@ -1,15 +1,17 @@
 """Benchmark the suffix drafter's acceptance on GRPO-style rollouts, first pass and prompts seen before.
 
 Rollouts come from the policy itself (plain decoding, T = 1, n samples per prompt). Speculative decoding is then
-replayed on them: rows advance in lockstep as they would in the engine (each step a row drafts a chain from its
-context, accepts the drafted tokens that match its realized continuation, and commits those plus one), so the
+replayed on them: rows advance in lockstep as they would in the engine (each step a row drafts a chain or a tree
+from its context, accepts the drafted tokens along the path of its realized continuation, never the filler after
+its draft, and commits those plus one), so the
 drafter sees its siblings exactly as far as they have got. With deterministic drafts and the target-only rule,
 a draft token is accepted exactly when the target's sample equals it, so the realized samples give the exact
 acceptance distribution (no target forward needed). Pass 1: the prompts are new to the drafter; pass 2: the same
 prompts with another seed, the drafter keeping what it saw in pass 1 (an RL epoch later). Reported per drafter
 (suffix, and prompt lookup `ngram` on the same rows): tokens per verify (accepted + 1) over all verify steps and
-over the longest row of each group, and the draft cost per step at batch 1 (propose + append) against the
-target's plain step at batch 1. Writes suffix.json and suffix.md to --out.
+over the longest row of each group, the drafted tokens per verify (what the engine's target computes beyond
+the root), and the draft cost per step at batch 1 (propose + append) against the target's plain step at batch 1.
+Writes suffix.json and suffix.md to --out.
 
   python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8 \
       --out eval/results/suffix_deep_v1
@@ -42,7 +44,7 @@ def _args(argv):
     parser.add_argument("--prompts", type=int, default=32, help="held-out prompts")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt (the GRPO group)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--strategy", default="6_1_7", help="chain drafted every step (default 6_1_7)")
+    parser.add_argument("--strategy", default="6_1_7", help="drafted every step: a chain (6_1_7) or a tree (6_2_12)")
     parser.add_argument("--seeds", default="1,2", help="the two passes' sampling seeds")
     parser.add_argument("--spec-factor", type=float, default=1.0, help="SuffixDrafter spec_factor")
     parser.add_argument("--min-token-prob", type=float, default=0.1, help="SuffixDrafter min_token_prob")
@@ -62,19 +64,21 @@ def replay(drafter, prompts: list[list[int]], responses: list[list[int]], n: int
     alive = [i for i, r in enumerate(responses) if len(r) > 1]
     drafter.keep(torch.tensor(alive, dtype=torch.long))
     per_row: list[list[int]] = [[] for _ in responses]
+    drafted_per_row: list[list[int]] = [[] for _ in responses]
     cost: dict[int, list[float]] = {}
     while alive:
         start = time.perf_counter()
-        drafts = drafter.propose(strategy).tokens[:, 1:].tolist()
+        tree = drafter.propose(strategy)
+        tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         seconds = time.perf_counter() - start
         commits, counts = [], []
-        for row, draft in zip(alive, drafts, strict=True):
+        for j, row in enumerate(alive):
             rest = responses[row][done[row] :]
-            k = 0
-            while k < len(draft) and k < len(rest) - 1 and draft[k] == rest[k]:
-                k += 1
+            real = len(tokens[j]) if tree.real is None else tree.real[j]  # filler is never accepted
+            k = accepted_length(tokens[j][:real], parents[j][:real], rest[:-1])
             per_row[row].append(k + 1)
-            commits.append(rest[: k + 1] + [0] * (len(draft) + 1 - (k + 1)))
+            drafted_per_row[row].append(real - 1)
+            commits.append(rest[: k + 1] + [0] * (strategy.steps - k))
             counts.append(k + 1)
             done[row] += k + 1
         start = time.perf_counter()
@@ -84,16 +88,30 @@ def replay(drafter, prompts: list[list[int]], responses: list[list[int]], n: int
         if len(keep) < len(alive):
             drafter.keep(torch.tensor(keep, dtype=torch.long))
             alive = [alive[j] for j in keep]
-    return per_row, cost
+    return per_row, drafted_per_row, cost
 
 
-def summary(per_row: list[list[int]], responses: list[list[int]], n: int) -> dict:
+def accepted_length(tokens: list[int], parents: list[int], realized: list[int]) -> int:
+    """Draft tokens the target-only rule accepts when the target's samples are `realized`: walk down from the
+    root, each level to the first child whose token is the next realized one."""
+    node, k = 0, 0
+    while k < len(realized):
+        child = next((c for c in range(1, len(tokens)) if parents[c] == node and tokens[c] == realized[k]), None)
+        if child is None:
+            return k
+        node, k = child, k + 1
+    return k
+
+
+def summary(per_row: list[list[int]], drafted: list[list[int]], responses: list[list[int]], n: int) -> dict:
     flat = [x for row in per_row for x in row]
+    drafts = [x for row in drafted for x in row]
     longest = [max(range(g, g + n), key=lambda i: len(responses[i])) for g in range(0, len(responses), n)]
     tail = [x for i in longest for x in per_row[i]]
     return {
         "tokens_per_verify": statistics.fmean(flat) if flat else 0.0,
         "longest_row_tokens_per_verify": statistics.fmean(tail) if tail else 0.0,
+        "drafted_per_verify": statistics.fmean(drafts) if drafts else 0.0,
         "verifies": len(flat),
     }
 
@@ -123,8 +141,8 @@ def run(args) -> dict:
               file=sys.stderr)  # fmt: skip
         result = {"seed": seed, "tokens": sum(map(len, responses))}
         for name, drafter in drafters.items():
-            per_row, cost = replay(drafter, prompts, responses, args.samples, strategy)
-            result[name] = summary(per_row, responses, args.samples) | {
+            per_row, drafted, cost = replay(drafter, prompts, responses, args.samples, strategy)
+            result[name] = summary(per_row, drafted, responses, args.samples) | {
                 "draft_seconds_b1": statistics.median(cost[1]) if 1 in cost else None
             }
         passes.append(result)
@@ -146,8 +164,9 @@ def table(results: dict) -> str:
         f"the same prompts, another seed, the drafter keeping pass 1. Machine: {results['machine'].get('cpu_model')}; "
         f"target plain step at batch 1: {step * 1000:.2f} ms. Written by eval/bench_suffix.py from suffix.json.",
         "",
-        "| pass | drafter | tokens per verify | longest row of each group | draft cost per step, batch 1 |",
-        "|---|---|---|---|---|",
+        "| pass | drafter | tokens per verify | longest row of each group | drafted tokens per verify | draft cost per "
+        "step, batch 1 |",
+        "|---|---|---|---|---|---|",
     ]
     for number, p in enumerate(results["passes"], 1):
         for name in ("suffix", "ngram"):
@@ -156,7 +175,7 @@ def table(results: dict) -> str:
             share = "-" if cost is None else f"{cost * 1e6:.0f} us ({cost / step:.1%} of a target step)"
             lines.append(
                 f"| {number} | {name} | {r['tokens_per_verify']:.2f} | {r['longest_row_tokens_per_verify']:.2f} | "
-                f"{share} |"
+                f"{r.get('drafted_per_verify', float('nan')):.2f} | {share} |"
             )
     return "\n".join(lines) + "\n"
 

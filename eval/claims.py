@@ -38,6 +38,8 @@ ABLATION = RESULTS / "ablation_deep_v1_turns"
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml`"
 SUFFIX = RESULTS / "suffix_deep_v1/suffix.json"
 SUFFIX_CMD = "`python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8`"
+RAGGED = RESULTS / "ragged_tiny/ragged.json"
+RAGGED_CMD = "`python -m eval.bench_ragged --target runs/tiny/model --prompts 16 --rounds 5 --out DIR`"
 PEER = RESULTS / "peer_trl_deep_v1/peer_trl.json"
 PEER_CMD = "`python -m eval.peer_trl --config configs/quickstart.yaml --steps 4 --warmup 1 --rounds 3 --out DIR`"
 GRAPHS = RESULTS / "graphs_cpu/graphs.json"
@@ -161,6 +163,26 @@ def suffix_rows() -> list[Row]:
     return rows
 
 
+def ragged_rows() -> list[Row]:
+    """The suffix drafter through the engine on the tiny policy: tokens/s per round, ragged against padded
+    verification (SD on every step) and the cost tuner against plain decoding."""
+    if not (ROOT / RAGGED).exists():
+        return []
+    data = _load(RAGGED)
+    pairs = (("ragged", "padded", "ragged / padded verification"), ("ragged_cost", "plain", "cost tuner / plain"))
+    rows = []
+    for number, when in enumerate(("prompts new to it", "the same prompts a step later")):
+        for arm, base, label in pairs:
+            ratios = [_rate(r[arm][number]) / _rate(r[base][number]) for r in data["rounds"]]
+            claim = f"suffix SD on the tiny policy, {label}, tokens/s per round, {when}"
+            rows.append(Row(claim, ratios, "x", _machine(data), RAGGED_CMD, RAGGED))
+    return rows
+
+
+def _rate(run: dict) -> float:
+    return run["tokens"] / run["seconds"]
+
+
 def peer_rows() -> list[Row]:
     """TRL's GRPOTrainer against tlt train (eval.peer_trl): the three ratios per process count and TRL path,
     one value per round."""
@@ -193,7 +215,8 @@ def graphs_rows() -> list[Row]:
 
 
 def render() -> str:
-    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows() + peer_rows() + graphs_rows()
+    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows() + ragged_rows()
+    rows += peer_rows() + graphs_rows()
     sources: dict[Path, int] = {}
     for row in rows:
         sources.setdefault(row.source, len(sources) + 1)

@@ -160,6 +160,41 @@ def test_sd_greedy_equals_plain(native_target, plain, strategy, p_oracle):
         assert accepted <= 4  # random drafts over 64 tokens are rarely right
 
 
+class RaggedDrafter(ToyDrafter):
+    """Perfect trees of which only the first `real` nodes per row count as drafted (a model-free drafter's
+    varying draft lengths); every third step no row drafts anything. The filler is right too, so a verifier
+    that accepted filler would accept more than was drafted."""
+
+    def propose(self, strategy):
+        tree = super().propose(strategy)
+        self.step = getattr(self, "step", -1) + 1
+        N = strategy.verify_tokens
+        tree.real = [1 if self.step % 3 == 2 else self.rng.randint(1, N) for _ in self.rows]
+        return tree
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES, ids=str)
+def test_ragged_drafts_verify_only_what_was_drafted(native_target, plain, strategy):
+    tuner = CyclingTuner([strategy])
+    drafter = RaggedDrafter(_truth(plain), 1.0, seed=3)
+    engine = NativeEngine(native_target, eos_token_id=None, max_seq_len=64, tuner=tuner, drafter=drafter)
+    lean, computed = engine.runner.lean, []
+    forward = lean.forward
+
+    def counting_forward(tokens, *args, select=None, **kwargs):
+        computed.append(tokens.numel() if select is None else select.numel())
+        return forward(tokens, *args, select=select, **kwargs)
+
+    lean.forward = counting_forward
+    _assert_same(engine.generate(PROMPTS, GREEDY), plain)
+    stats = engine.step_stats
+    assert [u[0] for u in tuner.updates] == [strategy] * len(stats)  # the tuner learns its choice's yield
+    assert any(not s.sd_on for s in stats) and any(s.accepted_tokens for s in stats)
+    for s, tokens in zip(stats, computed[1:], strict=True):  # computed[0]: the prefill
+        assert s.accepted_tokens <= s.drafted_tokens  # filler is never accepted
+        assert tokens == s.running_batch + s.drafted_tokens  # nor computed: the root and the drafted nodes only
+
+
 def test_switching_strategy_every_step(native_target, plain):
     drafter = ToyDrafter(_truth(plain), 0.7, seed=2)
     tuner = CyclingTuner([None, STRATEGIES[1], STRATEGIES[2]])

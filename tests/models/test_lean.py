@@ -216,3 +216,27 @@ def test_commit_path_moves_path_nodes_to_contiguous_slots(data):
         assert got == [float(lens[b] + p) for p in accepted]
         assert cache.k[1, b, 0, : lens[b], 2].tolist() == slots[: lens[b]].tolist()  # the prefix is untouched
         assert torch.equal(cache.v, -cache.k)
+
+
+def test_packed_forward_computes_only_the_selected_tokens(qwen):
+    """`select` (ragged drafts): the selected tokens' hidden states, logits and K/V equal the full forward's; the
+    K/V slots of the others are not written."""
+    lean = LeanModel.from_hf(qwen)
+    tree = _tree()
+    prefix = torch.tensor([_random_ids(5, 50), _random_ids(5, 51)])
+    lens = torch.tensor([5, 5])
+    caches = [lean.allocate_cache(2, 16) for _ in range(2)]
+    for cache in caches:
+        lean.forward(prefix, torch.arange(5).expand(2, 5), cache, torch.zeros(2, dtype=torch.long))
+    positions = lens[:, None] + tree.depths()
+    mask = tree.ancestor_mask()
+    full = lean.forward(tree.tokens, positions, caches[0], lens, tree_mask=mask)
+    real = [4, 2]  # row 0: nodes 0-3 (4's parent 1 is among them), row 1: nodes 0-1
+    select = torch.tensor([0, 1, 2, 3, 7, 8])
+    packed = lean.forward(tree.tokens, positions, caches[1], lens, tree_mask=mask, select=select)
+    for b, n in enumerate(real):
+        for out_full, out_packed in zip(full, packed, strict=True):
+            torch.testing.assert_close(out_packed[b, :n], out_full[b, :n], atol=1e-5, rtol=0)
+            assert not out_packed[b, n:].any()
+        torch.testing.assert_close(caches[1].k[:, b, :, : 5 + n], caches[0].k[:, b, :, : 5 + n], atol=1e-5, rtol=0)
+        assert not caches[1].k[:, b, :, 5 + n :].any()

@@ -287,3 +287,65 @@ def test_chain_bonus_is_possible_under_residual(seed: int, K: int, temperature: 
         assert all(p[b, i, draft[b, i]] > 0 for i in range(n))
         residual = p[b, n] - (q[b, n] if n < K else 0)
         assert residual[result.bonus[b]] > 0
+
+
+def test_filler_past_a_rows_real_count_is_never_accepted() -> None:
+    # row 0 drafts 1 -> 2 (real 3), then filler 3 that the target would accept; row 1 drafts nothing (real 1)
+    tree = DraftTree.chain(torch.tensor([[0, 1, 2, 3], [0, 1, 2, 3]]))
+    tree.real = [3, 1]
+    result = verify_tree(tree, node_logits(toy_table(), tree), GREEDY, None)
+    assert result.num_accepted.tolist() == [2, 0]
+    assert result.bonus.tolist() == [3, 1]  # the target's own next tokens, not the filler's
+
+
+def test_filler_is_not_removed_from_the_bonus_distribution() -> None:
+    # the root's only real child (token 5) has no target mass, so every coin rejects it; the filler child (token 1)
+    # holds most of the mass: the bonus must still be drawn from p without token 5 only, filler included
+    table = toy_table()
+    tree = tree_of([0, 5, 1], [-1, 0, 0])
+    tree.real = [2]
+    params = SamplingParams(temperature=1.0)
+    p = probs_from_logits(node_logits(table, tree), params)[0, 0]
+    expected = p.masked_fill(torch.arange(V) == 5, 0.0)
+    g = torch.Generator().manual_seed(0)
+    draws = [int(verify_tree(tree, node_logits(table, tree), params, g).bonus) for _ in range(2000)]
+    counts = torch.bincount(torch.tensor(draws), minlength=V).float() / len(draws)
+    assert counts[1] > 0.5  # the filler's token stays in the residual (removing it would give 0)
+    torch.testing.assert_close(counts, expected / expected.sum(), atol=0.04, rtol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), K=st.integers(1, 5), real=st.lists(st.integers(1, 6), min_size=3, max_size=3))
+def test_chains_verified_at_once_match_the_walk(seed: int, K: int, real: list[int]) -> None:
+    """Greedy: the chain path (all levels at once) accepts what the tree walk accepts, filler included."""
+    g = torch.Generator().manual_seed(seed)
+    tree = DraftTree.chain(torch.randint(0, V, (3, K + 1), generator=g))
+    tree.real = [min(n, K + 1) for n in real]
+    logits = node_logits(toy_table(), tree)
+    chain = verify_tree(tree, logits, GREEDY, None)
+    walk = verify_mod._verify_greedy(tree, logits, K)
+    assert torch.equal(chain.path, walk.path) and torch.equal(chain.bonus, walk.bonus)
+
+
+@pytest.mark.parametrize("real", [None, [3], [1]])
+def test_sampled_chains_emit_the_targets_distribution(real) -> None:
+    """The first token a chain's verification emits (its first draft if accepted, else the bonus) follows p at
+    the root, and the second follows p after the first, whatever was drafted (x: 1 -> 3 -> 4)."""
+    table = toy_table(sharp=1.5)
+    tree = DraftTree.chain(torch.tensor([[0, 1, 3, 4]]))
+    tree.real = real
+    params = SamplingParams(temperature=1.0)
+    p = probs_from_logits(table, params)  # [V, V]: p after token t
+    g = torch.Generator().manual_seed(1)
+    first, second = [], []
+    for _ in range(3000):
+        result = verify_tree(tree, node_logits(table, tree), params, g)
+        tokens, _ = emitted_tokens(tree, result)
+        first.append(int(tokens[0, 0]))
+        if int(tokens[0, 0]) == 1 and result.num_accepted.item() >= 1:
+            second.append(int(tokens[0, 1]))
+    freq = torch.bincount(torch.tensor(first), minlength=V).float() / len(first)
+    torch.testing.assert_close(freq, p[0], atol=0.03, rtol=0)
+    if real != [1]:  # the first draft can be accepted: what follows it follows p after token 1
+        freq = torch.bincount(torch.tensor(second), minlength=V).float() / len(second)
+        torch.testing.assert_close(freq, p[1], atol=0.05, rtol=0)

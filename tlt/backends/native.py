@@ -201,15 +201,18 @@ class NativeEngine:
         start = time.perf_counter()
         strategy = self._schedule(batch)
         kv_len = self._max_cache_len + (strategy.verify_tokens if strategy else 1)
-        if strategy is None:
+        tree = None if strategy is None else self._draft(strategy, batch.size, sampling, generator)
+        if tree is not None and tree.real is not None:  # ragged drafts: verify as wide as the longest
+            width = max(tree.real)
+            tree = None if width == 1 else tree.narrow(width)
+        if tree is None:
             emission, accepted = self.runner.decode(batch, kv_len, sampling, generator), None
         else:
-            tree = self._draft(strategy, batch.size, sampling, generator)
-            levels = min(strategy.steps, strategy.verify_tokens - 1)  # drafters draft at most `steps` deep
+            levels = min(strategy.steps, tree.num_nodes - 1)  # drafters draft at most `steps` deep
             emission, accepted = self.runner.speculate(batch, tree, levels, kv_len, sampling, generator)
         size = batch.size
         batch, generated, num_accepted = self._commit(batch, emission, outputs, accepted)
-        self._record(strategy, size, num_accepted, generated, time.perf_counter() - start)
+        self._record(strategy, tree, size, num_accepted, generated, time.perf_counter() - start)
         return batch
 
     def _draft(self, strategy: SpecStrategy, batch_size: int, sampling, generator) -> DraftTree:
@@ -275,13 +278,19 @@ class NativeEngine:
                     self.drafter.keep(rows)
         return batch, generated, num_accepted
 
-    def _record(self, strategy, size: int, num_accepted: int, generated: int, seconds: float) -> None:
+    def _record(self, strategy, tree, size: int, num_accepted: int, generated: int, seconds: float) -> None:
+        """A step's stats; the tuner learns what its choice yielded (a ragged draft with nothing drafted ran a
+        plain step: SD off in the stats, the strategy's yield for the tuner)."""
+        if tree is None:
+            drafted = 0
+        else:
+            drafted = size * (tree.num_nodes - 1) if tree.real is None else sum(tree.real) - size
         self.step_stats.append(
             DecodeStepStats(
                 running_batch=size,
-                sd_on=strategy is not None,
-                strategy=None if strategy is None else str(strategy),
-                drafted_tokens=0 if strategy is None else size * strategy.num_draft_tokens,
+                sd_on=tree is not None,
+                strategy=None if tree is None else str(strategy),
+                drafted_tokens=drafted,
                 accepted_tokens=num_accepted,
                 generated_tokens=generated,
                 seconds=seconds,

@@ -35,11 +35,19 @@ class ModelRunner:
         self._buffer: KVCache | None = None
         self.static = StaticForward(lean, capture=lean.device.type == "cuda") if static else None
 
-    def _forward(self, tokens, positions, cache_lens, kv_len: int, tree_mask=None):
-        """The target on the running rows: [B, Q] new tokens -> (hidden [B, Q, D], logits [B, Q, V])."""
-        if self.static is None:
-            return self.lean.forward(tokens, positions, self.cache, cache_lens, tree_mask=tree_mask, kv_len=kv_len)
-        return self.static(self._buffer, tokens, positions, cache_lens, tree_mask, kv_len)
+    def _forward(self, tokens, positions, cache_lens, kv_len: int, tree_mask=None, real: list[int] | None = None):
+        """The target on the running rows: [B, Q] new tokens -> (hidden [B, Q, D], logits [B, Q, V]). `real`:
+        per row, how many leading new tokens count; the eager path computes only those (the static path, on fixed
+        shapes, all of them)."""
+        if self.static is not None:
+            return self.static(self._buffer, tokens, positions, cache_lens, tree_mask, kv_len)
+        select = None
+        if real is not None and sum(real) < tokens.numel():
+            Q = tokens.shape[1]
+            select = torch.tensor([b * Q + j for b, n in enumerate(real) for j in range(n)], device=tokens.device)
+        return self.lean.forward(
+            tokens, positions, self.cache, cache_lens, tree_mask=tree_mask, kv_len=kv_len, select=select
+        )
 
     def prefill(self, tokens: torch.Tensor, lengths: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill P right-padded prompts [P, T] (lengths [P]) once, then fork each into n cache rows.
@@ -100,10 +108,10 @@ class ModelRunner:
         The root's token is taken from the batch (the pending token) so the cache never sees a wrong root.
         """
         tokens = torch.cat([batch.pending[:, None], tree.tokens[:, 1:]], dim=1)  # [B, N]
-        tree = DraftTree(tokens=tokens, parents=tree.parents, draft_probs=tree.draft_probs)
+        tree = DraftTree(tokens=tokens, parents=tree.parents, draft_probs=tree.draft_probs, real=tree.real)
         positions = batch.cache_lens[:, None] + tree.depths()  # [B, N]
         hidden, logits = self._forward(
-            tokens, positions, batch.cache_lens, kv_len, tree_mask=tree.ancestor_mask()
+            tokens, positions, batch.cache_lens, kv_len, tree_mask=tree.ancestor_mask(), real=tree.real
         )  # [B, N, D], [B, N, V]
         if tree.draft_probs is None:
             result = verify_tree(tree, logits, sampling, generator, num_levels=levels)

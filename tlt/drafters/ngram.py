@@ -68,6 +68,7 @@ class _Trie:
         self.children: list[dict[int, int]] = [{}]  # token -> first child with that token
         self.num_children = [0]  # filler may repeat a token, so counted apart
         self._open = 0  # nodes before this one can take no more children
+        self.real = 1  # nodes drafted before pad()'s filler
 
     @property
     def full(self) -> bool:
@@ -105,6 +106,7 @@ class _Trie:
 
     def pad(self, filler: int) -> None:
         """Fill up to verify_tokens nodes, breadth first (a depth-steps top-k tree always has room)."""
+        self.real = len(self.tokens)
         while not self.full:
             while self._is_closed(self._open):
                 self._open += 1
@@ -149,6 +151,7 @@ class NgramDrafter(Drafter):
         return DraftTree(
             tokens=torch.tensor([t.tokens for t in trees], device=self.device),  # [B, N]
             parents=torch.tensor([t.parents for t in trees], device=self.device),  # [B, N]
+            real=[t.real for t in trees],
         )
 
     def _row_tree(self, row: _History, strategy: SpecStrategy) -> _Trie:

@@ -10,9 +10,12 @@ responses share long spans. This drafter matches the end of a row's context agai
       weight updates,
 
 and drafts the continuation the trees have seen most often (a chain, or a tree when topk > 1), as long as the
-match allows (the draft length follows the match length: at most `spec_factor` x the matched tokens), padded
-to the strategy's node count with filler the verifier rejects. Drafts are deterministic, so the engine verifies
-them with the target-only rule and SD stays lossless.
+match allows (the draft length follows the match length: at most `spec_factor` x the matched tokens, and only
+tokens whose path the history followed at least `min_token_prob` of the time), padded to the strategy's node
+count with filler. The tree says how many nodes each row drafted (`DraftTree.real`), so the native engine verifies
+only those: as wide as the longest draft of the step, the target computing the drafted nodes only, and a plain
+step when no row drafted anything. Drafts are deterministic, so the engine verifies them with the target-only
+rule and SD stays lossless.
 
 The index is arctic-inference's C++ `SuffixTree` (the suffix trees of the suffix-decoding library vLLM uses;
 microseconds per row and step). Per distinct prompt (keyed by its token ids) two trees: one over the prompt (a),
@@ -200,14 +203,13 @@ class SuffixDrafter(Drafter):
         the history continued that way (arctic's score; for a chain, the expected accepted length when the
         history's frequencies are the target's probabilities)."""
         rows = [self._row_tree(row, strategy) for row in self.rows]
-        both = torch.tensor(
-            [[tokens for tokens, _, _ in rows], [parents for _, parents, _ in rows]], device=self.device
-        )
-        return DraftTree(tokens=both[0], parents=both[1]), [score for _, _, score in rows]  # one host copy
+        both = torch.tensor([[row[0] for row in rows], [row[1] for row in rows]], device=self.device)
+        tree = DraftTree(tokens=both[0], parents=both[1], real=[row[2] for row in rows])  # one host copy
+        return tree, [row[3] for row in rows]
 
-    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> tuple[list[int], list[int], float]:
-        """(tokens, parents, score) of the row's draft: arctic's chain or tree, cut to the strategy, then
-        filler."""
+    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> tuple[list[int], list[int], int, float]:
+        """(tokens, parents, drafted nodes with the root, score) of the row's draft: arctic's chain or tree, cut
+        to the strategy, then filler."""
         draft = row.history.speculate(
             row.context, strategy.steps, self.spec_factor, self.min_token_prob, strategy.topk > 1
         )
@@ -215,13 +217,14 @@ class SuffixDrafter(Drafter):
         if strategy.topk == 1:  # a chain: no tree bookkeeping
             kept = draft.token_ids[: min(strategy.steps, N - 1)]
             tokens = [root, *kept]
-            return tokens + [root] * (N - len(tokens)), list(range(-1, N - 1)), sum(draft.probs[: len(kept)])
+            real = len(tokens)
+            return tokens + [root] * (N - real), list(range(-1, N - 1)), real, sum(draft.probs[: len(kept)])
         trie, nodes = _Trie(root, strategy), []
         for token, parent in zip(draft.token_ids, draft.parents, strict=True):  # topological: parents first
             under = 0 if parent < 0 else nodes[parent]
             nodes.append(None if under is None else trie.attach(under, token))
         trie.pad(root)
-        return trie.tokens, trie.parents, draft.score
+        return trie.tokens, trie.parents, trie.real, draft.score
 
     def for_engine(self) -> SuffixDrafter:
         return self  # its history is what the engine feeds it (Drafter.for_engine)

@@ -166,6 +166,7 @@ class LeanModel:
         tree_mask: torch.Tensor | None = None,
         kv_len: int | None = None,
         logits_at: torch.Tensor | None = None,
+        select: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run Q new tokens per row; returns (hidden [B, Q, D] after the final norm, logits [B, Q, V]).
 
@@ -174,6 +175,10 @@ class LeanModel:
         the caller (saves a host sync); defaults to computing it. The cache must have room for cache_lens + Q.
         logits_at: [B, M] query indices; when given, logits are computed only there ([B, M, V]), e.g. the last
         prompt token of a prefill.
+        select: [T] indices into the flattened [B * Q] new tokens; when given, only those are computed (the
+        projections and MLPs run on T packed tokens, K/V are written for them only) and the other positions of
+        hidden and logits are 0: ragged drafts, whose filler no selected token may attend to (not with
+        logits_at).
         """
         B, Q = tokens.shape
         if kv_len is None:
@@ -182,16 +187,22 @@ class LeanModel:
             raise ValueError(f"forward needs {kv_len} cache slots but the cache holds {cache.max_len}")
         mask = attention_mask(cache_lens, Q, kv_len, tree_mask)  # [B, 1, Q, S]
         cos, sin = self.cos[positions][:, :, None], self.signed_sin[positions][:, :, None]  # [B, Q, 1, Dh]
-        rows = torch.arange(B, device=tokens.device)[:, None]  # [B, 1]
+        rows = torch.arange(B, device=tokens.device)[:, None].expand(B, Q)  # [B, Q]
         slots = cache_lens[:, None] + torch.arange(Q, device=tokens.device)[None, :]  # [B, Q]
-        x = F.embedding(tokens, self.embed)  # [B, Q, D]
+        where, ragged = (rows, slots), None
+        if select is not None:  # every per-token tensor packed to [T, ...]
+            tokens, cos, sin, rows, slots = (t.flatten(0, 1)[select] for t in (tokens, cos, sin, rows, slots))
+            where, ragged = (rows, slots), (B, Q)
+        x = F.embedding(tokens, self.embed)  # [B, Q, D] or [T, D]
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.input_norm, self.eps)
-            attn = self._attention(h, layer, cache.k[i], cache.v[i], (rows, slots), (cos, sin), mask)
+            attn = self._attention(h, layer, cache.k[i], cache.v[i], where, (cos, sin), mask, select, ragged)
             x = x + F.linear(attn, layer.o_w, layer.o_b)
             h = rms_norm(x, layer.post_norm, self.eps)
             x = x + F.linear(F.silu(F.linear(h, layer.gate_w)) * F.linear(h, layer.up_w), layer.down_w)
         hidden = rms_norm(x, self.final_norm, self.eps)
+        if select is not None:
+            return _unpack(hidden, select, B, Q), _unpack(F.linear(hidden, self.lm_head), select, B, Q)
         if logits_at is None:
             return hidden, F.linear(hidden, self.lm_head)
         picked = hidden.gather(1, logits_at[:, :, None].expand(-1, -1, hidden.shape[-1]))  # [B, M, D]
@@ -201,18 +212,22 @@ class LeanModel:
         """[..., V] logits of final-norm hidden states [..., D]."""
         return F.linear(hidden, self.lm_head)
 
-    def _attention(self, h, layer: LeanLayer, k_cache, v_cache, where, rope, mask) -> torch.Tensor:
-        """GQA attention of h [B, Q, D]; writes the new K/V into the caches [B, Hkv, S, Dh] at `where`."""
-        B, Q, _ = h.shape
+    def _attention(self, h, layer: LeanLayer, k_cache, v_cache, where, rope, mask, select, ragged) -> torch.Tensor:
+        """GQA attention of h [B, Q, D] (or [T, D] packed by `select`, then `ragged` = (B, Q)); writes the new K/V
+        into the caches [B, Hkv, S, Dh] at `where`."""
+        tokens = h.shape[:-1]  # (B, Q) or (T,)
         rows, slots = where
         cos, sin = rope
-        q = F.linear(h, layer.q_w, layer.q_b).view(B, Q, self.num_heads, self.head_dim)
-        k = F.linear(h, layer.k_w, layer.k_b).view(B, Q, self.num_kv_heads, self.head_dim)
-        v = F.linear(h, layer.v_w, layer.v_b).view(B, Q, self.num_kv_heads, self.head_dim)
+        q = F.linear(h, layer.q_w, layer.q_b).view(*tokens, self.num_heads, self.head_dim)
+        k = F.linear(h, layer.k_w, layer.k_b).view(*tokens, self.num_kv_heads, self.head_dim)
+        v = F.linear(h, layer.v_w, layer.v_b).view(*tokens, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
-        k_cache[rows, :, slots] = k  # indexed view is [B, Q, Hkv, Dh]
+        k_cache[rows, :, slots] = k  # indexed view is [B, Q, Hkv, Dh] (or [T, Hkv, Dh])
         v_cache[rows, :, slots] = v
+        B, Q = tokens if ragged is None else ragged
+        if ragged is not None:
+            q = _unpack(q, select, B, Q)
         S = mask.shape[-1]
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),  # [B, H, Q, Dh]
@@ -221,7 +236,14 @@ class LeanModel:
             attn_mask=mask,
             enable_gqa=self.num_heads != self.num_kv_heads,
         )  # [B, H, Q, Dh]
-        return out.transpose(1, 2).reshape(B, Q, self.num_heads * self.head_dim)
+        out = out.transpose(1, 2).reshape(B, Q, self.num_heads * self.head_dim)
+        return out if ragged is None else out.flatten(0, 1)[select]
+
+
+def _unpack(packed: torch.Tensor, select: torch.Tensor, B: int, Q: int) -> torch.Tensor:
+    """[T, ...] packed by `select` -> [B, Q, ...], zeros elsewhere."""
+    full = packed.new_zeros(B * Q, *packed.shape[1:])
+    return full.index_copy_(0, select, packed).view(B, Q, *packed.shape[1:])
 
 
 def compact(cache: KVCache, rows: torch.Tensor, kv_len: int | None = None) -> KVCache:

@@ -21,10 +21,26 @@ class DraftTree:
     # chains drafted by sampling: [B, N - 1, V], node i + 1 was sampled from draft_probs[:, i]; the verifier
     # then accepts with min(1, p / q) (~1 - TV(p, q) per token) instead of p(node) (None: drafts are fixed)
     draft_probs: torch.Tensor | None = None
+    # model-free drafts of varying length: per row, how many leading nodes are drafted (the root included); the
+    # nodes after them are filler that the verifier never accepts and the engine need not compute (None: all)
+    real: list[int] | None = None
 
     @property
     def num_nodes(self) -> int:
         return self.tokens.shape[1]
+
+    def real_mask(self) -> torch.Tensor | None:
+        """[B, N] bool: the drafted nodes (None when every node is)."""
+        if self.real is None:
+            return None
+        real = torch.tensor(self.real, device=self.tokens.device)
+        return torch.arange(self.num_nodes, device=self.tokens.device)[None, :] < real[:, None]
+
+    def narrow(self, width: int) -> DraftTree:
+        """The first `width` nodes of every row (a tree whose drafted nodes all lie among them)."""
+        real = None if self.real is None else [min(n, width) for n in self.real]
+        probs = None if self.draft_probs is None else self.draft_probs[:, : width - 1]
+        return DraftTree(self.tokens[:, :width], self.parents[:, :width], probs, real)
 
     def depths(self) -> torch.Tensor:
         """[B, N] depth of each node (root = 0)."""

@@ -60,6 +60,9 @@ def _verify_greedy(tree: DraftTree, target_logits: torch.Tensor, num_levels: int
     best = target_logits.float().argmax(dim=-1)  # [B, N] target's greedy next token after each node
     matches = tree.tokens == best.gather(1, tree.parents.clamp(min=0))  # [B, N] node equals its parent's argmax
     matches[:, 0] = False
+    real = tree.real_mask()
+    if real is not None:
+        matches &= real
 
     def choose(cur: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _first_true((tree.parents == cur[:, None]) & matches)
@@ -94,9 +97,11 @@ def _verify_sampled(
     B = probs.shape[0]
     rows = torch.arange(B, device=probs.device)
     node_ids = torch.arange(tree.num_nodes, device=probs.device)
+    real = tree.real_mask()
+    drafted = tree.parents >= 0 if real is None else real  # filler is no child: never tried, never removed
 
     def choose(cur: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        is_child = (tree.parents == cur[:, None]) & active[:, None]  # [B, N]
+        is_child = (tree.parents == cur[:, None]) & active[:, None] & drafted  # [B, N]
         p_cur = probs[rows, cur]  # [B, V]
         mass = _child_mass(p_cur, tree.tokens, is_child)  # [B, N]
         u = torch.rand(B, generator=generator, device=probs.device)
@@ -109,7 +114,7 @@ def _verify_sampled(
 
     path, num_accepted, last = _walk_levels(num_levels, B, probs.device, choose)
     # The last node's children were all rejected (or it has none): the bonus is p there minus their tokens.
-    residual = _remove_children(probs[rows, last], tree.tokens, tree.parents == last[:, None])
+    residual = _remove_children(probs[rows, last], tree.tokens, (tree.parents == last[:, None]) & drafted)
     return VerifyResult(path=path, num_accepted=num_accepted, bonus=sample_tokens(residual, generator))
 
 
@@ -129,6 +134,7 @@ def verify_tree(
     Greedy: follow the first child equal to its parent's argmax; bonus = argmax at the last accepted node.
     Sampled (TLT / SGLang rule): per level one coin u; accept the first child k with u < sum_{j<=k} p(x_j)
     (repeated child tokens count once); if none, the bonus is drawn from p with the children's tokens removed.
+    Nodes past a row's `tree.real` count are filler, no node's children: never accepted, never removed.
 
     Why exact: at a node with context c, child k is accepted with probability p(x_k | c); on rejection
     (prob 1 - sum_j p(x_j | c)) the bonus y is drawn from p(. | c) restricted to non-child tokens, so y is
@@ -139,9 +145,47 @@ def verify_tree(
     _check_tree_inputs(tree, target_logits)
     if num_levels is None:
         num_levels = int(tree.depths().max())
+    if torch.equal(tree.parents, DraftTree.chain(tree.tokens).parents):
+        return _verify_chain(tree, target_logits, params, min(num_levels, tree.num_nodes - 1), generator)
     if params.greedy:
         return _verify_greedy(tree, target_logits, num_levels)
     return _verify_sampled(tree, probs_from_logits(target_logits, params), num_levels, generator)
+
+
+def _verify_chain(
+    tree: DraftTree, target_logits: torch.Tensor, params: SamplingParams, K: int, generator: torch.Generator | None
+) -> VerifyResult:
+    """The same rule on a chain (one child per node), every level at once instead of a walk: node i + 1 is
+    accepted when the target's choice after node i is its token (greedy: the argmax; sampled: a coin u_i <
+    p_i(x), so with probability p_i(x)), the first rejection ends the path, and the bonus is drawn after the
+    last accepted node from p without the rejected token (all of p where nothing was tried there)."""
+    B = tree.tokens.shape[0]
+    steps = torch.arange(K + 1, device=tree.tokens.device)
+    drafted = tree.tokens[:, 1 : K + 1]  # [B, K]
+    real = tree.real_mask()
+    tried = torch.ones_like(drafted, dtype=torch.bool) if real is None else real[:, 1 : K + 1]
+    rows = torch.arange(B, device=drafted.device)
+    if params.greedy:
+        best = target_logits[:, : K + 1].float().argmax(dim=-1)  # [B, K + 1]
+        accepted = (drafted == best[:, :K]) & tried
+        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+        bonus = best[rows, num_accepted]
+    else:
+        probs = probs_from_logits(target_logits[:, : K + 1], params)  # [B, K + 1, V]
+        p_x = probs[:, :K].gather(-1, drafted[..., None]).squeeze(-1)  # [B, K]
+        # p without x holding no mass (x is certain, up to rounding): rejection is impossible, take x
+        certain = probs[:, :K].scatter(-1, drafted[..., None], 0.0).sum(dim=-1) <= 0
+        u = torch.rand(B, K, generator=generator, device=probs.device)
+        accepted = ((u < p_x) | certain) & tried
+        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+        residual = probs[rows, num_accepted]  # [B, V]
+        next_tried = torch.cat([tried, tried.new_zeros(B, 1)], dim=1)[rows, num_accepted]  # [B]
+        rejected = torch.cat([drafted, tree.tokens[:, :1]], dim=1)[rows, num_accepted]  # [B], where next_tried
+        removed = residual.scatter(1, rejected[:, None], 0.0)
+        residual = torch.where(next_tried[:, None], removed, residual)
+        bonus = sample_tokens(residual, generator)
+    path = torch.where(steps <= num_accepted[:, None], steps, -1)  # [B, K + 1]
+    return VerifyResult(path=path, num_accepted=num_accepted, bonus=bonus)
 
 
 def _chain_accepts(u: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
