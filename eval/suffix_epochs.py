@@ -6,9 +6,12 @@ pool (steps_per_epoch = data.train_size / rollout.prompts_per_step), the summed 
 verify (accepted + 1, mean over the epoch's steps that decoded speculatively) and the share of tokens decoded
 speculatively, with each cell's rollout speedup over the first cell in the same epoch; for a composed drafter
 (drafter.kind=eagle+suffix) also the suffix part's share of the SD rows and the tokens per verify on each part's
-rows. Writes epochs.json (the raw data it read) and epochs.md.
+rows. Given several sweeps of the same grid (seeds), one such table each, then the later epochs (2 on, where
+the history has seen every prompt) summed per sweep: each cell's rollout seconds and speedup over the first cell,
+with the median and range over the sweeps. Writes epochs.json (the raw data it read) and epochs.md.
 
   python -m eval.suffix_epochs runs/suffix-epochs --out eval/results/suffix_epochs_deep_v1
+  python -m eval.suffix_epochs runs/suffix-epochs-tiny runs/suffix-epochs-tiny-seed1 ... --out DIR
 """
 
 from __future__ import annotations
@@ -67,19 +70,56 @@ def _parts(e: dict) -> str:
     return f"{e['suffix_verifies'] / rows:.1%}; {per[0]:.2f}, {per[1]:.2f}"
 
 
+def _sweeps(data: dict) -> list[dict]:
+    """[{"sweep", "cells"}] of a report (one written before several sweeps were read has them at the top)."""
+    return data.get("sweeps") or [{"sweep": data["sweep"], "cells": data["cells"]}]
+
+
 def table(data: dict) -> str:
-    cells = data["cells"]
-    names = list(cells)
-    base = {e["epoch"]: e["rollout_seconds"] for e in epochs(cells[names[0]])}
+    sweeps = _sweeps(data)
+    names = list(sweeps[0]["cells"])
+    folders = ", ".join(f"`{Path(sweep['sweep']).name}`" for sweep in sweeps)
+    which = f"The sweep in {folders} (its config" if len(sweeps) == 1 else f"The sweeps in {folders} (their config"
     lines = [
         "# Suffix drafter over epochs of a fixed prompt pool",
         "",
-        f"The sweep in `{Path(data['sweep']).name}` (its config says how the cells ran), then "
+        f"{which} says how the cells ran), then "
         f"`python -m eval.suffix_epochs`; machine {data['machine'].get('cpu_model')}. Per epoch: summed rollout "
         f"seconds, mean tokens per verify (accepted + 1, over its steps with SD) and SD share of tokens, and the "
         f"rollout speedup over `{names[0]}` in the same epoch; a composed drafter's suffix share of the SD rows and "
         "tokens per verify on the suffix and the learned rows.",
-        "",
+    ]
+    for sweep in sweeps:
+        if len(sweeps) > 1:
+            lines += ["", f"## {Path(sweep['sweep']).name}"]
+        lines += [""] + _epoch_rows(sweep["cells"])
+    if len(sweeps) > 1:
+        lines += ["", f"## Epochs 2 on, per sweep: rollout seconds and speedup over `{names[0]}`", ""]
+        lines += _later_rows(sweeps, names)
+    return "\n".join(lines) + "\n"
+
+
+def _later_rows(sweeps: list[dict], names: list[str]) -> list[str]:
+    seconds = {
+        name: [sum(e["rollout_seconds"] for e in epochs(s["cells"][name]) if e["epoch"] > 1) for s in sweeps]
+        for name in names
+    }
+    header = ", ".join(Path(s["sweep"]).name for s in sweeps)
+    lines = [f"| cell | rollout s ({header}) | speedup (same order) | speedup median (min-max) |", "|---|---|---|---|"]
+    for name in names:
+        ratios = [b / x for b, x in zip(seconds[names[0]], seconds[name], strict=True)]
+        lines.append(
+            f"| {name} | {', '.join(f'{x:.1f}' for x in seconds[name])} | "
+            f"{', '.join(f'{r:.2f}x' for r in ratios)} | "
+            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"
+        )
+    return lines
+
+
+def _epoch_rows(cells: dict) -> list[str]:
+    names = list(cells)
+    base = {e["epoch"]: e["rollout_seconds"] for e in epochs(cells[names[0]])}
+    lines = [
         "| cell | epoch | rollout s | tokens per verify | SD share | rollout speedup | "
         "suffix share; per verify: suffix, learned |",
         "|---|---|---|---|---|---|---|",
@@ -91,12 +131,12 @@ def table(data: dict) -> str:
                 f"| {name} | {e['epoch']} | {e['rollout_seconds']:.1f} | {e['accept_length']:.2f} | "
                 f"{e['sd_token_share']:.0%} | {speedup:.2f}x | {_parts(e)} |"
             )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep", nargs="?", help="the sweep's output folder")
+    parser.add_argument("sweeps", nargs="*", help="the sweep's output folder (several: the same grid's seeds)")
     parser.add_argument("--out", required=True, help="folder for epochs.json and epochs.md")
     parser.add_argument("--render", action="store_true", help="rewrite epochs.md from the epochs.json in --out")
     args = parser.parse_args(argv)
@@ -105,10 +145,13 @@ def main(argv=None) -> int:
         if not (out / "epochs.json").is_file():
             parser.error(f"--render: no epochs.json in {out}")
         data = json.loads((out / "epochs.json").read_text())
-    elif args.sweep is None:
+    elif not args.sweeps:
         parser.error("give the sweep's output folder, or --render")
+    elif len(args.sweeps) == 1:
+        data = {"machine": describe_machine(), "sweep": args.sweeps[0], "cells": read_sweep(Path(args.sweeps[0]))}
     else:
-        data = {"machine": describe_machine(), "sweep": args.sweep, "cells": read_sweep(Path(args.sweep))}
+        sweeps = [{"sweep": s, "cells": read_sweep(Path(s))} for s in args.sweeps]
+        data = {"machine": describe_machine(), "sweeps": sweeps}
     print(write_report(out / "epochs.md", data, table))
     return 0
 

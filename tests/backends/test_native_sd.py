@@ -383,3 +383,22 @@ def test_a_tree_of_the_wrong_size_is_rejected(native_target, plain):
     )
     with pytest.raises(ValueError, match=r"proposed a tree of shape \(4, 3\) for strategy 3_1_4"):
         engine.generate(PROMPTS, GREEDY)
+
+
+@pytest.mark.parametrize("real", [[4, 4, 4], [4, 4, 4, 5], [0, 1, 2, 3]])
+def test_draft_lengths_that_do_not_fit_the_tree_are_rejected(native_target, plain, real):
+    class BadLengths(ToyDrafter):
+        def propose(self, strategy):
+            tree = super().propose(strategy)
+            tree.real = real
+            return tree
+
+    engine = NativeEngine(
+        native_target,
+        eos_token_id=None,
+        max_seq_len=64,
+        tuner=CyclingTuner([STRATEGIES[1]]),
+        drafter=BadLengths(_truth(plain), 1.0),
+    )
+    with pytest.raises(ValueError, match=r"expected one count per row in 1\.\.4"):
+        engine.generate(PROMPTS, GREEDY)

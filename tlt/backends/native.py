@@ -226,6 +226,12 @@ class NativeEngine:
                 f"drafter {type(self.drafter).__name__} proposed a tree of shape {shape} for strategy "
                 f"{strategy}; expected [B, N] = [{batch_size}, {strategy.verify_tokens}]"
             )
+        real = tree.real
+        if real is not None and (len(real) != batch_size or not all(1 <= n <= strategy.verify_tokens for n in real)):
+            raise ValueError(
+                f"drafter {type(self.drafter).__name__} gave real={real} for {batch_size} rows of strategy "
+                f"{strategy}; expected one count per row in 1..{strategy.verify_tokens} (the root included)"
+            )
         probs = tree.draft_probs
         expected = (batch_size, strategy.verify_tokens - 1, self.runner.lean.vocab_size)
         if probs is not None and (
