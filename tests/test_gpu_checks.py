@@ -4,6 +4,7 @@ missing carried policy stops it at once with one clear line."""
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(cwd: Path, out: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"QUICK": "1", "NO_WHEELS": "1", "TLT_CHECK_DEVICE": "cpu", "PY": "python", "OUT": str(out)}
+    env = os.environ | {
+        "QUICK": "1",
+        "NO_WHEELS": "1",
+        "TLT_CHECK_DEVICE": "cpu",
+        "PY": sys.executable,
+        "OUT": str(out),
+    }
     return subprocess.run(["bash", "eval/gpu_checks.sh"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
