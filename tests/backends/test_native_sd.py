@@ -192,7 +192,8 @@ def test_ragged_drafts_verify_only_what_was_drafted(native_target, plain, strate
     assert any(not s.sd_on for s in stats) and any(s.accepted_tokens for s in stats)
     for s, tokens in zip(stats, computed[1:], strict=True):  # computed[0]: the prefill
         assert s.accepted_tokens <= s.drafted_tokens  # filler is never accepted
-        assert tokens == s.running_batch + s.drafted_tokens  # nor computed: the root and the drafted nodes only
+        if engine.runner.static is None:  # nor computed: the root and the drafted nodes only (static: fixed shapes)
+            assert tokens == s.running_batch + s.drafted_tokens
 
 
 def test_switching_strategy_every_step(native_target, plain):
