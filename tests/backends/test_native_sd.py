@@ -182,7 +182,7 @@ def test_ragged_drafts_verify_only_what_was_drafted(native_target, plain, strate
     forward = lean.forward
 
     def counting_forward(tokens, *args, select=None, **kwargs):
-        computed.append(tokens.numel() if select is None else select.numel())
+        computed.append((tokens.numel() if select is None else select.numel(), tokens.shape[1]))
         return forward(tokens, *args, select=select, **kwargs)
 
     lean.forward = counting_forward
@@ -190,10 +190,12 @@ def test_ragged_drafts_verify_only_what_was_drafted(native_target, plain, strate
     stats = engine.step_stats
     assert [u[0] for u in tuner.updates] == [strategy] * len(stats)  # the tuner learns its choice's yield
     assert any(not s.sd_on for s in stats) and any(s.accepted_tokens for s in stats)
-    for s, tokens in zip(stats, computed[1:], strict=True):  # computed[0]: the prefill
+    for s, (tokens, width) in zip(stats, computed[1:], strict=True):  # computed[0]: the prefill
         assert s.accepted_tokens <= s.drafted_tokens  # filler is never accepted
-        if engine.runner.static is None:  # nor computed: the root and the drafted nodes only (static: fixed shapes)
+        if engine.runner.static is None:  # nor computed: the root and the drafted nodes only
             assert tokens == s.running_batch + s.drafted_tokens
+        else:  # fixed shapes: a plain step or the strategy's full width
+            assert width == (strategy.verify_tokens if s.sd_on else 1)
 
 
 def test_switching_strategy_every_step(native_target, plain):

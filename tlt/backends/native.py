@@ -202,9 +202,12 @@ class NativeEngine:
         strategy = self._schedule(batch)
         kv_len = self._max_cache_len + (strategy.verify_tokens if strategy else 1)
         tree = None if strategy is None else self._draft(strategy, batch.size, sampling, generator)
-        if tree is not None and tree.real is not None:  # ragged drafts: verify as wide as the longest
+        if tree is not None and tree.real is not None:  # ragged drafts: nothing drafted is a plain step
             width = max(tree.real)
-            tree = None if width == 1 else tree.narrow(width)
+            if width == 1:
+                tree = None
+            elif self.runner.static is None:  # and eager shapes verify as wide as the longest (static ones keep
+                tree = tree.narrow(width)  # the strategy's width: one captured graph per strategy, not per width)
         if tree is None:
             emission, accepted = self.runner.decode(batch, kv_len, sampling, generator), None
         else:
