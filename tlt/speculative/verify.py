@@ -166,15 +166,13 @@ def _verify_chain(
     p_i(x), so with probability p_i(x)), the first rejection ends the path, and the bonus is drawn after the
     last accepted node from p without the rejected token (all of p where nothing was tried there)."""
     B = tree.tokens.shape[0]
-    steps = torch.arange(K + 1, device=tree.tokens.device)
     drafted = tree.tokens[:, 1 : K + 1]  # [B, K]
     real = tree.real_mask()
     tried = torch.ones_like(drafted, dtype=torch.bool) if real is None else real[:, 1 : K + 1]
     rows = torch.arange(B, device=drafted.device)
     if params.greedy:
         best = target_logits[:, : K + 1].float().argmax(dim=-1)  # [B, K + 1]
-        accepted = (drafted == best[:, :K]) & tried
-        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+        num_accepted = _accepted_prefix((drafted == best[:, :K]) & tried)
         bonus = best[rows, num_accepted]
     else:
         probs = probs_from_logits(target_logits[:, : K + 1], params)  # [B, K + 1, V]
@@ -182,16 +180,25 @@ def _verify_chain(
         # p without x holding no mass (x is certain, up to rounding): rejection is impossible, take x
         certain = probs[:, :K].scatter(-1, drafted[..., None], 0.0).sum(dim=-1) <= 0
         u = torch.rand(B, K, generator=generator, device=probs.device)
-        accepted = ((u < p_x) | certain) & tried
-        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+        num_accepted = _accepted_prefix(((u < p_x) | certain) & tried)
         residual = probs[rows, num_accepted]  # [B, V]
         next_tried = torch.cat([tried, tried.new_zeros(B, 1)], dim=1)[rows, num_accepted]  # [B]
         rejected = torch.cat([drafted, tree.tokens[:, :1]], dim=1)[rows, num_accepted]  # [B], where next_tried
         removed = residual.scatter(1, rejected[:, None], 0.0)
         residual = torch.where(next_tried[:, None], removed, residual)
         bonus = sample_tokens(residual, generator)
-    path = torch.where(steps <= num_accepted[:, None], steps, -1)  # [B, K + 1]
-    return VerifyResult(path=path, num_accepted=num_accepted, bonus=bonus)
+    return VerifyResult(path=_chain_path(num_accepted, K), num_accepted=num_accepted, bonus=bonus)
+
+
+def _accepted_prefix(accepts: torch.Tensor) -> torch.Tensor:
+    """[B, K] bool, whether each chain node would be accepted -> [B] accepted draft tokens: up to the first not."""
+    return accepts.long().cumprod(dim=1).sum(dim=1)
+
+
+def _chain_path(num_accepted: torch.Tensor, K: int) -> torch.Tensor:
+    """[B, K + 1] path of a chain: nodes 0..num_accepted, then -1."""
+    steps = torch.arange(K + 1, device=num_accepted.device)
+    return torch.where(steps <= num_accepted[:, None], steps, -1)
 
 
 def _chain_accepts(u: torch.Tensor, p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
@@ -226,16 +233,15 @@ def verify_chain_with_draft_probs(
     p_x = p[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, K]
     q_x = draft_probs.float().gather(-1, draft_tokens[..., None]).squeeze(-1)  # [B, K]
     u = torch.rand(B, K, generator=generator, device=p.device)
-    num_accepted = _chain_accepts(u, p_x, q_x).long().cumprod(dim=1).sum(dim=1)  # [B]
+    num_accepted = _accepted_prefix(_chain_accepts(u, p_x, q_x))  # [B]
     rows = torch.arange(B, device=p.device)
     q_pad = torch.cat([draft_probs.float(), torch.zeros_like(p[:, :1])], dim=1)  # q = 0 after the last draft
     p_n, q_n = p[rows, num_accepted], q_pad[rows, num_accepted]  # [B, V]
     residual = (p_n - q_n).clamp(min=0)
     # p == q up to rounding makes rejection (almost) impossible; then any fallback is exact: use p.
     residual = torch.where(residual.sum(dim=-1, keepdim=True) > 0, residual, p_n)
-    steps = torch.arange(K + 1, device=p.device)
-    path = torch.where(steps <= num_accepted[:, None], steps, -1)  # [B, K + 1]
-    return VerifyResult(path=path, num_accepted=num_accepted, bonus=sample_tokens(residual, generator))
+    bonus = sample_tokens(residual, generator)
+    return VerifyResult(path=_chain_path(num_accepted, K), num_accepted=num_accepted, bonus=bonus)
 
 
 def emitted_tokens(tree: DraftTree, result: VerifyResult) -> tuple[torch.Tensor, torch.Tensor]:
