@@ -33,6 +33,7 @@ from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
 from tlt.drafters.composed import ComposedDrafter
 from tlt.drafters.suffix import SuffixDrafter
+from tlt.eval.bench.passes import sd_sums, tokens_per_second, two_pass_rounds
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.files import write_report
 from tlt.machine import describe_machine
@@ -69,15 +70,11 @@ def _pass(engine: NativeEngine, prompts, n: int, sampling: SamplingParams) -> di
     start = time.perf_counter()
     rollouts = engine.generate(prompts, sampling, n=n)
     seconds = time.perf_counter() - start
-    sd = [s for s in engine.step_stats if s.sd_on]
-    tokens = sum(r.token_ids.numel() for r in rollouts)
     result = {
         "seconds": seconds,
-        "tokens": tokens,
+        "tokens": sum(r.token_ids.numel() for r in rollouts),
         "longest": max(r.token_ids.numel() for r in rollouts),
-        "sd_verifies": sum(s.running_batch for s in sd),
-        "accepted": sum(s.accepted_tokens for s in sd),
-        "sd_tokens": sum(s.generated_tokens for s in sd),
+        **sd_sums(engine.step_stats),
     }
     drafter = engine.drafter
     if isinstance(drafter, ComposedDrafter):
@@ -90,24 +87,14 @@ def run(args) -> dict:
     prompts = heldout_prompt_ids(tokenizer, args.prompts)
     max_seq_len = max(map(len, prompts)) + args.max_new_tokens
     eagle = load_drafter(args.drafter)
-    rounds = []
-    for round_ in range(args.rounds):
-        order = ARMS[round_ % len(ARMS) :] + ARMS[: round_ % len(ARMS)]
-        results = {}
-        seeds = (2 * round_ + 1, 2 * round_ + 2)  # this round's sample set
-        for arm in order:
-            engine = _engine(arm, model, tokenizer.eos_token_id, max_seq_len, eagle, args)
-            results[arm] = []
-            for seed in seeds:
-                sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=seed)
-                results[arm].append(_pass(engine, prompts, args.samples, sampling))
-                r = results[arm][-1]
-                print(
-                    f"[bench_composed] round {round_ + 1}/{args.rounds} {arm} pass {len(results[arm])}: "
-                    f"{r['seconds']:.1f} s, {r['tokens']} tokens",
-                    file=sys.stderr,
-                )
-        rounds.append(results)
+    rounds = two_pass_rounds(
+        ARMS,
+        args.rounds,
+        lambda arm: _engine(arm, model, tokenizer.eos_token_id, max_seq_len, eagle, args),
+        lambda engine, sampling: _pass(engine, prompts, args.samples, sampling),
+        args.max_new_tokens,
+        "bench_composed",
+    )
     return {"machine": describe_machine(), "settings": vars(args), "rounds": rounds}
 
 
@@ -124,7 +111,7 @@ def summarize(report: dict) -> list[dict]:
     rounds = report["rounds"]
     for number in range(2):
         eagle = [r["eagle"][number] for r in rounds]
-        eagle_rate = _totals(eagle)["tokens"] / _totals(eagle)["seconds"]
+        eagle_rate = tokens_per_second(_totals(eagle))
         for arm in ARMS:
             runs = [r[arm][number] for r in rounds]
             total = _totals(runs)
@@ -133,8 +120,8 @@ def summarize(report: dict) -> list[dict]:
                 "arm": arm,
                 "seconds": total["seconds"],
                 "tokens": total["tokens"],
-                "tokens_per_second": total["tokens"] / total["seconds"],
-                "vs_eagle": total["tokens"] / total["seconds"] / eagle_rate,
+                "tokens_per_second": tokens_per_second(total),
+                "vs_eagle": tokens_per_second(total) / eagle_rate,
                 "time_ratio_median": statistics.median(
                     e["seconds"] / x["seconds"] for x, e in zip(runs, eagle, strict=True)
                 ),

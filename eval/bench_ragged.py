@@ -33,6 +33,7 @@ import torch
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.suffix import SuffixDrafter
+from tlt.eval.bench.passes import sd_sums, tokens_per_second, two_pass_rounds
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.files import write_report
 from tlt.machine import describe_machine
@@ -91,12 +92,9 @@ def _pass(engine: NativeEngine, prompts, args, sampling: SamplingParams) -> dict
         rollouts = engine.generate(prompts[start : start + args.group], sampling, n=args.samples)
         result["seconds"] += time.perf_counter() - clock
         result["tokens"] += sum(r.token_ids.numel() for r in rollouts)
+        for key, value in sd_sums(engine.step_stats).items():
+            result[key] += value
         for step in engine.step_stats:
-            if step.sd_on:
-                result["sd_verifies"] += step.running_batch
-                result["accepted"] += step.accepted_tokens
-                result["drafted"] += step.drafted_tokens
-                result["sd_tokens"] += step.generated_tokens
             totals = buckets.setdefault(_bucket(step.running_batch), [0, 0.0, 0])
             totals[0] += step.generated_tokens
             totals[1] += step.seconds
@@ -108,23 +106,14 @@ def run(args) -> dict:
     model, tokenizer = load_hf_folder(args.target)
     prompts = heldout_prompt_ids(tokenizer, args.prompts)
     max_seq_len = max(map(len, prompts)) + args.max_new_tokens
-    rounds = []
-    for round_ in range(args.rounds):
-        order = ARMS[round_ % len(ARMS) :] + ARMS[: round_ % len(ARMS)]
-        results = {}
-        for arm in order:
-            engine = _engine(arm, model, tokenizer.eos_token_id, max_seq_len, args)
-            results[arm] = []
-            for seed in (2 * round_ + 1, 2 * round_ + 2):  # this round's sample set
-                sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=seed)
-                results[arm].append(_pass(engine, prompts, args, sampling))
-                r = results[arm][-1]
-                print(
-                    f"[bench_ragged] round {round_ + 1}/{args.rounds} {arm} pass {len(results[arm])}: "
-                    f"{r['seconds']:.1f} s, {r['tokens']} tokens",
-                    file=sys.stderr,
-                )
-        rounds.append(results)
+    rounds = two_pass_rounds(
+        ARMS,
+        args.rounds,
+        lambda arm: _engine(arm, model, tokenizer.eos_token_id, max_seq_len, args),
+        lambda engine, sampling: _pass(engine, prompts, args, sampling),
+        args.max_new_tokens,
+        "bench_ragged",
+    )
     return {"machine": describe_machine(), "settings": vars(args), "rounds": rounds}
 
 
@@ -133,24 +122,24 @@ def summarize(report: dict) -> list[dict]:
     rows = []
     for number in range(2):
         plain = [r["plain"][number] for r in report["rounds"]]
+        plain_rate = tokens_per_second({k: sum(x[k] for x in plain) for k in ("tokens", "seconds")})
         for arm in ARMS:
             runs = [r[arm][number] for r in report["rounds"]]
             total = {key: sum(x[key] for x in runs) for key in runs[0] if key != "buckets"}
-            plain_rate = _rate({k: sum(x[k] for x in plain) for k in ("tokens", "seconds")})
             buckets = {}
             for run in runs:
                 for name, values in run["buckets"].items():
                     buckets[name] = [a + b for a, b in zip(buckets.get(name, [0, 0.0, 0]), values, strict=True)]
             verifies = max(total["sd_verifies"], 1)
-            ratios = [_rate(x) / _rate(p) for x, p in zip(runs, plain, strict=True)]
+            ratios = [tokens_per_second(x) / tokens_per_second(p) for x, p in zip(runs, plain, strict=True)]
             rows.append(
                 {
                     "pass": number + 1,
                     "arm": arm,
                     "seconds": total["seconds"],
                     "tokens": total["tokens"],
-                    "tokens_per_second": total["tokens"] / total["seconds"],
-                    "vs_plain": total["tokens"] / total["seconds"] / plain_rate,
+                    "tokens_per_second": tokens_per_second(total),
+                    "vs_plain": tokens_per_second(total) / plain_rate,
                     "vs_plain_median": statistics.median(ratios),
                     "vs_plain_range": [min(ratios), max(ratios)],
                     "tokens_per_verify": total["accepted"] / verifies + 1 if total["sd_verifies"] else 0.0,
@@ -162,10 +151,6 @@ def summarize(report: dict) -> list[dict]:
                 }
             )
     return rows
-
-
-def _rate(run: dict) -> float:
-    return run["tokens"] / run["seconds"]
 
 
 def _bucket_order(name: str) -> int:

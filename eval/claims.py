@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tlt.eval.bench.passes import tokens_per_second
 from tlt.files import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,14 +174,10 @@ def ragged_rows() -> list[Row]:
     rows = []
     for number, when in enumerate(("prompts new to it", "the same prompts a step later")):
         for arm, base, label in pairs:
-            ratios = [_rate(r[arm][number]) / _rate(r[base][number]) for r in data["rounds"]]
+            ratios = [tokens_per_second(r[arm][number]) / tokens_per_second(r[base][number]) for r in data["rounds"]]
             claim = f"suffix SD on the tiny policy, {label}, tokens/s per round, {when}"
             rows.append(Row(claim, ratios, "x", _machine(data), RAGGED_CMD, RAGGED))
     return rows
-
-
-def _rate(run: dict) -> float:
-    return run["tokens"] / run["seconds"]
 
 
 def peer_rows() -> list[Row]:
