@@ -14,8 +14,8 @@ summed seconds) and its ratio to `eagle`'s, the median of the per-round time rat
 verify and row, the share of tokens decoded with SD, and for `composed` the share of SD verifies the suffix
 drafter drafted and the accepted tokens per verify of each part.
 
-  OMP_NUM_THREADS=1 python -m eval.bench_composed --target tlt/assets/deep_v1/policy \
-      --drafter tlt/assets/deep_v1/drafter --out eval/results/composed_deep_v1
+  OMP_NUM_THREADS=1 python -m eval.bench_composed --target tlt/assets/deep_v2/policy \
+      --drafter tlt/assets/deep_v2/drafter --out eval/results/composed_deep_v1
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ and each (arm, batch) cell is warmed up once first, which on CUDA also captures 
 over the rounds with min-max spread, the static / eager ratio, the SD / plain ratio of each path, and whether the
 two paths emitted the same tokens. Writes graphs.json and graphs.md to --out.
 
-  python -m eval.bench_graphs --target tlt/assets/deep_v1/policy --drafter tlt/assets/deep_v1/drafter \
+  python -m eval.bench_graphs --target tlt/assets/deep_v2/policy --drafter tlt/assets/deep_v2/drafter \
       --batches 1,4,16 --rounds 3 --out eval/results/graphs_cpu
 
 Exit status: 0; 1 when the paths' tokens differ; 2 on bad arguments.

@@ -13,7 +13,7 @@ over the longest row of each group, the drafted tokens per verify (what the engi
 the root), and the draft cost per step at batch 1 (propose + append) against the target's plain step at batch 1.
 Writes suffix.json and suffix.md to --out.
 
-  python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8 \
+  python -m eval.bench_suffix --target tlt/assets/deep_v2/policy --prompts 32 --samples 8 \
       --out eval/results/suffix_deep_v1
 """
 

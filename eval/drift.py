@@ -164,7 +164,7 @@ def plot(rows: list[dict], out: Path) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default="configs/tlt.yaml")
-    p.add_argument("--drafter", default="tlt/assets/deep_v1/drafter", help="the offline-distilled EAGLE drafter")
+    p.add_argument("--drafter", default="tlt/assets/deep_v2/drafter", help="the offline-distilled EAGLE drafter")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--strategy", default="4_1_5")
     p.add_argument("--eval-prompts", type=int, default=32)

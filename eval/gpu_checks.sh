@@ -6,7 +6,7 @@
 #   1. pytest -m gpu: the contract suite's native-cuda rows, `tlt train` and `tlt train-drafter` on CUDA, and the
 #      static-shape path captured as CUDA graphs against the CPU reference,
 #   2. eval.bench_graphs: the native engine eager vs CUDA graphs at batch 1, 4, 16, 64, plain and SD (EAGLE,
-#      4_1_5), on the main job's 12-layer policy and its drafter (tlt/assets/deep_v1, in the repository),
+#      4_1_5), on the main job's 12-layer policy and its drafter (tlt/assets/deep_v2, in the repository),
 #   3. the main job on the GPU, one process: TLT vs TLT off, 6 GRPO steps each (graphs on when step 2 matched the
 #      eager tokens), whole-run and rollout ratios with r and the Amdahl bound,
 #   then one summary table (summary.md).
@@ -43,8 +43,8 @@ log "0/3 environment and the carried policy"
   timeout 20 "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
 transformers.__version__, 'cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
 } 2>&1 | tee -a "$OUT/steps.log"
-if ! timeout 30 "$PY" -c "from tlt.assets import verify; verify('deep_v1')" >>"$OUT/steps.log" 2>&1; then
-  log "FAILED: tlt/assets/deep_v1 is missing or does not match its card (did the working tree travel whole?)"
+if ! timeout 30 "$PY" -c "from tlt.assets import verify; verify('deep_v2')" >>"$OUT/steps.log" 2>&1; then
+  log "FAILED: tlt/assets/deep_v2 is missing or does not match its card (did the working tree travel whole?)"
   tail -n 3 "$OUT/steps.log"
   exit 2
 fi
@@ -55,7 +55,7 @@ timeout 90 "$PY" -m pytest -q -m gpu -rs -p no:cacheprovider tests/backends/test
   >"$OUT/tests.log" 2>&1 || status=1
 tail -n 15 "$OUT/tests.log"
 
-TARGET=tlt/assets/deep_v1/policy; DRAFTER=tlt/assets/deep_v1/drafter
+TARGET=tlt/assets/deep_v2/policy; DRAFTER=tlt/assets/deep_v2/drafter
 log "2/3 native engine eager vs static shapes / CUDA graphs on $TARGET (batches $BATCHES, $ROUNDS rounds)"
 GRAPHS=false
 if timeout 90 "$PY" -m eval.bench_graphs --device "$DEVICE" --target "$TARGET" --drafter "$DRAFTER" \

@@ -19,10 +19,10 @@ MAX_BYTES = 40 * 2**20  # an asset is small enough to live in the repository
 
 
 def test_the_main_job_has_its_asset():
-    assert "deep_v1" in NAMES
+    assert "deep_v2" in NAMES
     cfg = load_config("configs/quickstart.yaml")
-    assert cfg.model.path == assets.asset_path("deep_v1/policy")
-    assert cfg.drafter.path == assets.asset_path("deep_v1/drafter")
+    assert cfg.model.path == assets.asset_path("deep_v2/policy")
+    assert cfg.drafter.path == assets.asset_path("deep_v2/drafter")
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -36,8 +36,8 @@ def test_a_missing_carried_policy_fails_fast(tmp_path, missing):
     tree = tmp_path / "tree"
     shutil.copytree(ROOT / "eval", tree / "eval")
     shutil.copytree(ROOT / "tlt", tree / "tlt", ignore=shutil.ignore_patterns("__pycache__"))
-    (tree / "tlt/assets/deep_v1" / missing).unlink()
+    (tree / "tlt/assets/deep_v2" / missing).unlink()
     result = _run(tree, tmp_path / "out")
     assert result.returncode == 2
-    assert "FAILED: tlt/assets/deep_v1 is missing or does not match its card" in result.stdout
+    assert "FAILED: tlt/assets/deep_v2 is missing or does not match its card" in result.stdout
     assert "1/3" not in result.stdout  # nothing else ran

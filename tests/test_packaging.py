@@ -23,4 +23,4 @@ def test_a_plain_install_runs_the_harness_commands(tmp_path):
         assert "usage:" in result.stdout
     installed = target / "tlt"
     assert list((installed / "eval" / "lm_tasks").glob("*.yaml")), "the lm-eval task bases are not packaged"
-    assert (installed / "assets" / "deep_v1" / "card.json").is_file(), "the shipped asset is not packaged"
+    assert (installed / "assets" / "deep_v2" / "card.json").is_file(), "the shipped asset is not packaged"

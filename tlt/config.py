@@ -31,7 +31,7 @@ def _asset(spec: str) -> str:
     return asset_path(spec)
 
 
-# `${asset:deep_v1/policy}` in a config: that folder of a tlt asset, checked against its card (tlt.assets)
+# `${asset:deep_v2/policy}` in a config: that folder of a tlt asset, checked against its card (tlt.assets)
 OmegaConf.register_resolver("asset", _asset, replace=True)
 
 

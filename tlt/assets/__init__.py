@@ -7,7 +7,7 @@ An asset is a folder `tlt/assets/<name>/`:
     policy/       a Hugging Face folder: bfloat16 safetensors and the tokenizer (tlt loads it as float32)
     drafter/      a tlt drafter folder (EAGLE head, bfloat16)
 
-Configs name an asset's folders with the `asset` resolver, e.g. `model.path: ${asset:deep_v1/policy}`: it
+Configs name an asset's folders with the `asset` resolver, e.g. `model.path: ${asset:deep_v2/policy}`: it
 resolves to the installed folder after checking every file against the card (once per process), so a
 truncated download or a Git LFS pointer fails with the file named instead of loading a broken model.
 `python -m tlt.assets.build` writes an asset from a `tlt bootstrap` + `tlt train-drafter` run (the card's
@@ -74,7 +74,7 @@ def verify(name: str) -> dict:
 
 
 def asset_path(spec: str) -> str:
-    """'<name>/<folder>' (e.g. 'deep_v1/policy') -> the absolute path of that folder of a verified asset."""
+    """'<name>/<folder>' (e.g. 'deep_v2/policy') -> the absolute path of that folder of a verified asset."""
     name, _, sub = spec.partition("/")
     verify(name)
     path = ROOT / name / sub

@@ -1,6 +1,6 @@
 """Write a tlt asset (see `tlt.assets`) from a bootstrapped policy and its distilled drafter.
 
-    python -m tlt.assets.build runs/deep --name deep_v1 \\
+    python -m tlt.assets.build runs/deep --name deep_v2 \\
         --command "tlt bootstrap --preset deep --output-dir runs/deep ..." \\
         --command "tlt train-drafter runs/deep/model --output runs/deep/drafter ..."
 
@@ -66,8 +66,10 @@ def store(run: Path, folder: Path) -> None:
     drafter.save(folder / "drafter")
 
 
-def build(run: Path, name: str, commands: list[str], heldout: int, quick: int, check_prompts: int) -> dict:
-    """Write tlt/assets/<name> from `run`; returns the card."""
+def build(
+    run: Path, name: str, commands: list[str], heldout: int, quick: int, check_prompts: int, notes: list[str] = ()
+) -> dict:
+    """Write tlt/assets/<name> from `run`; returns the card (`notes`: free-text lines it keeps, e.g. lineage)."""
     from tlt.machine import describe_machine
 
     start = time.perf_counter()
@@ -83,6 +85,7 @@ def build(run: Path, name: str, commands: list[str], heldout: int, quick: int, c
             "what": f"`{bootstrap['preset']}` base policy ({bootstrap['parameters']} parameters) SFT'd on generated "
             "step-by-step arithmetic, and its offline-distilled EAGLE drafter; weights in bfloat16",
             "commands": commands + [f"python -m tlt.assets.build {run} --name {name}"],
+            "notes": list(notes),
             "seed": bootstrap["seed"],
             "preset": bootstrap["preset"],
             "parameters": bootstrap["parameters"],
@@ -113,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heldout", type=int, default=256, help="held-out problems of the card's accuracy")
     p.add_argument("--quick", type=int, default=48, help="held-out problems the asset test re-scores")
     p.add_argument("--check-prompts", type=int, default=16, help="held-out prompts of the drafter check")
+    p.add_argument("--note", action="append", default=[], help="a line the card keeps, e.g. lineage (repeat)")
     args = p.parse_args(argv)
-    card = build(args.run, args.name, args.command, args.heldout, args.quick, args.check_prompts)
+    card = build(args.run, args.name, args.command, args.heldout, args.quick, args.check_prompts, args.note)
     print(
         f"[tlt] asset {args.name}: held-out accuracy {card['heldout']['all']['accuracy']:.1%} "
         f"({args.heldout} problems), drafter {card['drafter_check']['accept_length']:.2f} tokens per verify"
