@@ -7,7 +7,10 @@ running batch and strategy) of both arms of a `tlt train ... train.compare_basel
 measured steps, and tabulates per batch-size range: each arm's share of its decode seconds, seconds per
 generated token, TLT's SD share of decode steps and its tokens per SD step and row, and the speedup per token
 there. The rollout speedup s is the baseline's decode seconds over TLT's; a range's weight in s is its share
-of the baseline's seconds. Writes the table and its raw data (.json next to it).
+of the baseline's seconds. A second table splits TLT's decode steps of each range by what the tuner played
+(each strategy, and plain decoding): milliseconds per step, rows per step, tokens per row and step (acceptance
++ 1 for SD), milliseconds per token, and the per-token speedup over the baseline's plain steps of that range.
+Writes the tables and their raw data (.json next to it).
 """
 
 from __future__ import annotations
@@ -42,6 +45,43 @@ def decode_by_range(history: list[dict], warmup: int) -> dict[str, dict]:
                 cell["sd_steps"] += steps
                 cell["sd_rows"] += steps * batch
     return out
+
+
+def decode_by_strategy(history: list[dict], warmup: int) -> dict[str, dict[str, dict]]:
+    """Per batch-size range and per strategy ('plain' for plain decoding): decode steps, rows, seconds, tokens."""
+    out: dict[str, dict[str, dict]] = {}
+    for step in measured_steps(history, warmup):
+        for batch, strategy, steps, seconds, tokens in step.get("timeline") or []:
+            cells = out.setdefault(_range(batch), {})
+            cell = cells.setdefault(strategy or "plain", {"steps": 0, "rows": 0, "seconds": 0.0, "tokens": 0})
+            cell["steps"] += steps
+            cell["rows"] += steps * batch
+            cell["seconds"] += seconds
+            cell["tokens"] += tokens
+    return out
+
+
+def strategy_rows(tlt: dict[str, dict[str, dict]], base: dict[str, dict]) -> list[list[str]]:
+    table = []
+    for low, _ in RANGES:
+        key = _range(low)
+        b = base.get(key)
+        per_b = b["seconds"] / b["tokens"] if b and b["tokens"] else None
+        for strategy, c in sorted(tlt.get(key, {}).items()):
+            per_t = c["seconds"] / c["tokens"] if c["tokens"] else None
+            table.append(
+                [
+                    key,
+                    strategy,
+                    str(c["steps"]),
+                    f"{c['rows'] / c['steps']:.1f}",
+                    f"{c['seconds'] / c['steps'] * 1e3:.1f}",
+                    f"{c['tokens'] / c['rows']:.2f}",
+                    f"{per_t * 1e3:.2f}" if per_t else "n/a",
+                    f"{per_b / per_t:.2f}x" if per_b and per_t else "n/a",
+                ]
+            )
+    return table
 
 
 def rows(tlt: dict[str, dict], base: dict[str, dict]) -> list[list[str]]:
@@ -94,6 +134,18 @@ def report(raw: dict) -> str:
         if total_t
         else "- no decode steps",
     ]
+    if raw.get("tlt_strategies"):
+        columns = ("running batch", "TLT played", "steps", "rows per step", "ms per step", "tokens per row and step",
+                   "ms / token", "speedup per token over the baseline")  # fmt: skip
+        lines += [
+            "",
+            "TLT's decode steps by what the tuner played (plain: plain decoding), against the baseline's plain "
+            "steps of the same range:",
+            "",
+            "| " + " | ".join(columns) + " |",
+            "|---|---|" + "---:|" * (len(columns) - 2),
+            *("| " + " | ".join(r) + " |" for r in strategy_rows(raw["tlt_strategies"], base)),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -119,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         histories = {arm: json.loads(path.read_text()) for arm, path in paths.items()}
         raw = {"run": args.run} | {arm: decode_by_range(h, args.warmup) for arm, h in histories.items()}
+        raw["tlt_strategies"] = decode_by_strategy(histories["tlt"], args.warmup)
     print(write_report(args.out, raw, report) if args.out else report(raw), end="")
     return 0
 

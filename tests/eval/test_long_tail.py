@@ -26,5 +26,8 @@ def test_decomposition_by_batch_size_by_hand(tmp_path, capsys):
     assert "| 1 | 33% | 16% | 20.00 | 7.50 | 100% | 4.00 | 2.67x |" in text
     assert "| 9-16 | 67% | 84% | 25.00 | 25.00 | 0% | - | 1.00x |" in text
     assert "s over decode steps 1.26x" in text
+    # by what TLT played: batch 1 ran 5_1_6 in 25 steps of 1 row, 30 ms a step, 4 tokens each, 7.5 ms / token
+    assert "| 1 | 5_1_6 | 25 | 1.0 | 30.0 | 4.00 | 7.50 | 2.67x |" in text
+    assert "| 9-16 | plain | 10 | 16.0 | 400.0 | 1.00 | 25.00 | 1.00x |" in text
     assert main(["--from-json", str(out.with_suffix(".json"))]) == 0
     assert capsys.readouterr().out == text

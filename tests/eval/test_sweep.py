@@ -300,15 +300,17 @@ def test_end_to_end_tiny_sweep(tmp_path):
 
 
 def test_table_gives_each_cell_speedup_over_the_first():
-    rows = [
-        {"cell": "base", "status": "done", "overrides": "", **_flatten({"seconds": {"rollout": 6.0, "total": 12.0}})},
-        {"cell": "sd", "status": "done", "overrides": "", **_flatten({"seconds": {"rollout": 4.0, "total": 10.0}})},
-        {"cell": "broken", "status": "failed", "overrides": "", **_flatten({})},
-    ]
+    def row(cell, rollout, total, tokens):
+        summary = {"response_tokens": tokens, "seconds": {"rollout": rollout, "total": total}}
+        return {"cell": cell, "status": "done", "overrides": "", **_flatten(summary)}
+
+    rows = [row("base", 6.0, 12.0, 600), row("sd", 4.0, 10.0, 480)]
+    rows.append({"cell": "broken", "status": "failed", "overrides": "", **_flatten({})})
     lines = {line.split(" | ")[0].lstrip("| "): line for line in to_markdown(rows).splitlines()}
-    assert "| 12.000 | 1.000 | 1.000 |" in lines["base"]
-    assert "| 10.000 | 1.500 | 1.200 |" in lines["sd"]
-    assert "|  |  |  |" in lines["broken"]
+    # sd: 6 / 4 s rollout = 1.5x; 480 tokens in 4 s against 600 in 6 s = 1.2x the throughput; 12 / 10 s = 1.2x
+    assert "| 12.000 | 1.000 | 1.000 | 1.000 |" in lines["base"]
+    assert "| 10.000 | 1.500 | 1.200 | 1.200 |" in lines["sd"]
+    assert "|  |  |  |  |" in lines["broken"]
 
 
 def test_cells_take_turns_and_a_partial_cell_resumes(tmp_path):

@@ -29,6 +29,7 @@ SUMMARY_FIELDS = (
     "accept_length_mean",
     "sd_token_share_mean",
     "step_seconds_mean",
+    "response_tokens",
     "seconds.rollout",
     "seconds.train",
     "seconds.drafter",
@@ -183,19 +184,34 @@ def to_csv(rows: list[dict]) -> str:
 
 def speedups(rows: list[dict]) -> list[dict]:
     """Per row, the first row's summed rollout and total seconds over this row's (None where either is missing):
-    how much faster than the grid's first cell, its reference, a cell ran."""
+    how much faster than the grid's first cell, its reference, a cell ran; and its rollout throughput (response
+    tokens per rollout second) over the first row's, which leaves out that cells sample responses of different
+    lengths."""
     ref = rows[0] if rows else {}
 
     def ratio(row: dict, key: str) -> float | None:
         return ref[key] / row[key] if ref.get(key) and row.get(key) else None
 
-    return [{"rollout_speedup": ratio(r, "seconds.rollout"), "total_speedup": ratio(r, "seconds.total")} for r in rows]
+    def throughput(row: dict) -> float | None:
+        tokens = row.get("response_tokens"), ref.get("response_tokens")
+        time = ratio(row, "seconds.rollout")
+        return time * tokens[0] / tokens[1] if time and all(tokens) else None
+
+    return [
+        {
+            "rollout_speedup": ratio(r, "seconds.rollout"),
+            "rollout_tokens_per_s_speedup": throughput(r),
+            "total_speedup": ratio(r, "seconds.total"),
+        }
+        for r in rows
+    ]
 
 
 def to_markdown(rows: list[dict], turn_steps: int = 0) -> str:
     rows = [row | extra for row, extra in zip(rows, speedups(rows), strict=True)]
     cols = [c for c in COLUMNS if c != "overrides"]
-    cols[cols.index("seconds.total") + 1 : cols.index("seconds.total") + 1] = ["rollout_speedup", "total_speedup"]
+    after_total = cols.index("seconds.total") + 1
+    cols[after_total:after_total] = ["rollout_speedup", "rollout_tokens_per_s_speedup", "total_speedup"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for row in rows:
         cells = [_fmt(row.get(c)).replace("|", "\\|").replace("\n", " ") for c in cols]
@@ -203,7 +219,10 @@ def to_markdown(rows: list[dict], turn_steps: int = 0) -> str:
     lines += [
         "",
         f"rollout_speedup / total_speedup: the first cell's ({rows[0]['cell'] if rows else ''}) summed rollout / "
-        f"total seconds over the cell's ({_order(turn_steps)}; sampled responses differ between cells).",
+        f"total seconds over the cell's ({_order(turn_steps)}; sampled responses differ between cells). "
+        "rollout_tokens_per_s_speedup: the cell's response tokens per rollout second over the first cell's, which "
+        "leaves out that the cells sampled responses of different lengths (a step's rollout still follows its "
+        "longest response).",
         "",
         "Seconds are sums over each cell's steps. idle_workers: whether a rank sat idle while another still rolled "
         "out (several processes), where `spot` trains the drafter for free; in one process no worker is ever idle "

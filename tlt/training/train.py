@@ -335,7 +335,7 @@ def _check_model_path(cfg: RunConfig) -> None:
     if not path:
         raise ConfigError(
             "model.path: not set; `tlt train` starts from a base policy: the one that comes with tlt "
-            "(model.path='${asset:deep_v1/policy}' model.preset=deep), or one of your own (`tlt bootstrap --preset "
+            "(model.path='${asset:deep_v2/policy}' model.preset=deep), or one of your own (`tlt bootstrap --preset "
             "tiny --output-dir runs/tiny`, then model.path=runs/tiny/model)"
         )
     if not Path(path).is_dir():
@@ -379,6 +379,7 @@ def _totals(history: list[dict]) -> dict:
         "accuracy_last": history[-1]["accuracy"],
         "reward_mean": mean("reward_mean"),
         "response_len_mean": mean("response_len_mean"),
+        "response_tokens": round(sum(m["response_len_mean"] * m["num_samples"] for m in history)),
         "accept_length_mean": sum(sd_steps) / len(sd_steps) if sd_steps else 0.0,
         "sd_token_share_mean": mean("sd_token_share"),
         "spot_steps": sum(m.get("spot_steps", 0) for m in history),  # drafter micro-steps in idle time

@@ -55,29 +55,48 @@ class DistillReport:
 
 @torch.inference_mode()
 def collect_sequences(
-    model, prompts: list[list[int]], sampling: SamplingParams, eos_token_id: int | None, batch_size: int = 64
+    model,
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    eos_token_id: int | None,
+    batch_size: int = 64,
+    progress: bool = False,
 ) -> list[DrafterSample]:
     """Generate one response per prompt with the target; samples carry its final-norm features (version 0,
     `DrafterSample.from_rollout`: prompt + response minus the last token, the response tokens trained)."""
     engine = _engine(model, prompts, sampling.max_new_tokens, eos_token_id, return_hidden=True)
-    samples = [DrafterSample.from_rollout(r, 0) for r in _generate(engine, prompts, sampling, batch_size)]
+    rollouts = _generate(engine, prompts, sampling, batch_size, progress)
+    samples = [DrafterSample.from_rollout(r, 0) for r in rollouts]
     return [s for s in samples if s is not None]
 
 
 @torch.inference_mode()
 def collect_responses(
-    model, prompts: list[list[int]], sampling: SamplingParams, eos_token_id: int | None, batch_size: int = 64
+    model,
+    prompts: list[list[int]],
+    sampling: SamplingParams,
+    eos_token_id: int | None,
+    batch_size: int = 64,
+    progress: bool = False,
 ) -> list[SFTExample]:
     """The target's response to each prompt as an SFT example: prompt + response (its EOS included)."""
     engine = _engine(model, prompts, sampling.max_new_tokens, eos_token_id)
-    rollouts = _generate(engine, prompts, sampling, batch_size)
+    rollouts = _generate(engine, prompts, sampling, batch_size, progress)
     return [SFTExample(torch.cat([r.prompt_ids, r.token_ids]).cpu(), r.prompt_ids.numel()) for r in rollouts]
 
 
-def _generate(engine: NativeEngine, prompts: list[list[int]], sampling: SamplingParams, batch_size: int):
-    """One rollout per prompt, generated `batch_size` prompts at a time."""
+def _generate(
+    engine: NativeEngine, prompts: list[list[int]], sampling: SamplingParams, batch_size: int, progress: bool
+):
+    """One rollout per prompt, generated `batch_size` prompts at a time (a progress line per batch)."""
+    began = time.perf_counter()
     for start in range(0, len(prompts), batch_size):
         yield from engine.generate(prompts[start : start + batch_size], sampling)
+        done = min(start + batch_size, len(prompts))
+        _say(
+            progress,
+            f"target answers for distillation: {done}/{len(prompts)} prompts ({time.perf_counter() - began:.0f} s)",
+        )
 
 
 def _engine(model, prompts: list[list[int]], max_new_tokens: int, eos_token_id: int | None, **options) -> NativeEngine:
@@ -122,7 +141,7 @@ def distill_drafter(
     drafter.bind(model)
 
     def train(sampling: SamplingParams) -> _Trained:
-        data = collect_sequences(model, train_prompts, sampling, eos_token_id)
+        data = collect_sequences(model, train_prompts, sampling, eos_token_id, progress=progress)
         pairs = sum(int(s.loss_mask[1:].sum()) for s in data)
         _say(progress, f"{len(data)} sequences, {pairs} response pairs; training {cfg.train_steps} steps")
         buffer = DrafterBuffer(max_bytes=max(1, sum(s.nbytes for s in data)), seed=seed, device=model.device)
@@ -154,7 +173,7 @@ def distill_small_lm(
     drafter.bind(model)
 
     def train(sampling: SamplingParams) -> _Trained:
-        examples = collect_responses(model, train_prompts, sampling, eos_token_id)
+        examples = collect_responses(model, train_prompts, sampling, eos_token_id, progress=progress)
         tokens = sum(e.input_ids.numel() - e.num_prompt for e in examples)
         _say(progress, f"{len(examples)} sequences, {tokens} response tokens; training {cfg.train_steps} steps")
         epochs = -(-cfg.train_steps * batch_size // max(1, len(examples)))  # enough passes for train_steps
