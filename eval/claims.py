@@ -23,8 +23,10 @@ from tlt.files import write_or_check
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("eval/results")
 OUTPUT = Path("docs/claims.md")
-MAIN_JOB = [RESULTS / f"quickstart_deep_v1/interleaved_seed{s}/speedup.json" for s in range(3)]
-MAIN_JOB_CMD = "`make quickstart` (seed 0); `tlt train configs/quickstart.yaml seed=N output_dir=runs/qs-iN`"
+MAIN_JOB = [RESULTS / f"quickstart_deep_v2/seed{s}/speedup.json" for s in range(3)]
+MAIN_JOB_CMD = (
+    "`make quickstart` in a fresh clone (seed 0); `tlt train configs/quickstart.yaml seed=N output_dir=runs/qs-N`"
+)
 SD_BENCH = RESULTS / "bench_sd_deep_v1_amd.json"
 SD_BENCH_CMD = (
     "`python -m tlt.eval.bench.sd.cli --target tlt/assets/deep_v1/policy --eagle tlt/assets/deep_v1/drafter --no-ngram "
@@ -35,8 +37,14 @@ DRIFT_CMD = (
     "`python -m eval.drift --steps 16 --temperature 1.0 --out DIR train.devices=1 scheduler.policy=between_steps "
     "scheduler.between_steps_budget=2 drafter.online_lr=1e-4`"
 )
-ABLATION = RESULTS / "ablation_deep_v1_turns"
-ABLATION_CMD = "`tlt sweep configs/ablation.yaml`"
+ABLATION = [RESULTS / f"ablation_deep_v2/seed{s}" for s in range(3)]
+ABLATION_CMD = "`tlt sweep configs/ablation.yaml` (seed 0); `tlt sweep configs/ablation.yaml --output-dir DIR seed=N`"
+DRAFTERS = RESULTS / "drafter_deep_v2/acceptance.json"
+DRAFTERS_CMD = (
+    "`python -m eval.drafter_acceptance --policy tlt/assets/deep_v2/policy --drafter deep_v1=DIR "
+    "--drafter deep_v2=tlt/assets/deep_v2/drafter --temperatures 1.0,0 --out eval/results/drafter_deep_v2` "
+    "(DIR: deep_v1's drafter, from git history)"
+)
 SUFFIX = RESULTS / "suffix_deep_v1/suffix.json"
 SUFFIX_CMD = "`python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8`"
 RAGGED = RESULTS / "ragged_tiny/ragged.json"
@@ -78,14 +86,15 @@ def _load(path: Path) -> dict:
 
 def _machine(data: dict) -> str:
     m = data.get("machine") or {}
-    return m.get("gpu") or f"{m.get('cpu_model', '?')}, {m.get('logical_cores', '?')} cores"
+    bf16 = " with AVX-512 BF16" if m.get("cpu_native_bf16") else ""
+    return m.get("gpu") or f"{m.get('cpu_model', '?')}{bf16}, {m.get('logical_cores', '?')} cores"
 
 
 def main_job_rows() -> list[Row]:
     runs = [_load(p) for p in MAIN_JOB if (ROOT / p).exists()]
     if not runs:
         return []
-    source = MAIN_JOB[0].parent.parent / "interleaved_seed*/speedup.json"
+    source = MAIN_JOB[0].parent.parent / "seed*/speedup.json"
     machine, cmd = _machine(runs[0]), MAIN_JOB_CMD
 
     def row(claim, unit, get):
@@ -131,23 +140,52 @@ def drift_rows() -> list[Row]:
 
 
 def ablation_rows() -> list[Row]:
-    """Rollout and whole-cell seconds of each cell against the baseline cell's, in the sweep's order (sweep.csv).
-    The cells' summaries record no machine: the sweep ran on the AMD EPYC VM (docs/results.md)."""
-    order = [line.split(",")[0] for line in (ROOT / ABLATION / "sweep.csv").read_text().splitlines()[1:]]
-    cells = {name: _load(ABLATION / name / "summary.json")["seconds"] for name in order}
-    base = cells.pop("baseline")
-    source = ABLATION / "*/summary.json"
+    """Per seed of the sweep: each cell's rollout and whole-cell seconds against the baseline cell's, in the sweep's
+    order (sweep.csv), and its rollout throughput (response tokens per rollout second) over the baseline's. The
+    cells' summaries record no machine: the sweeps ran on the AMD EPYC VM with AVX-512 BF16 (docs/results.md)."""
+    sweeps = [folder for folder in ABLATION if (ROOT / folder / "sweep.csv").exists()]
+    if not sweeps:
+        return []
+    order = [line.split(",")[0] for line in (ROOT / sweeps[0] / "sweep.csv").read_text().splitlines()[1:]]
+    runs = [{name: _load(folder / name / "summary.json") for name in order} for folder in sweeps]
+    source = ABLATION[0].parent / "seed*/*/summary.json"
+
+    def row(claim: str, value) -> Row:
+        values = [value(cells) for cells in runs]
+        return Row(f"ablation: {claim}", values, "x", "AMD EPYC with AVX-512 BF16, 2 cores", ABLATION_CMD, source)
+
+    def seconds(name: str, key: str):
+        return lambda cells: cells["baseline"]["seconds"][key] / cells[name]["seconds"][key]
+
+    def rate(name: str):
+        def speed(cell: dict) -> float:
+            return cell["response_tokens"] / cell["seconds"]["rollout"]
+
+        return lambda cells: speed(cells[name]) / speed(cells["baseline"])
+
+    cells = order[1:]
+    rows = [row(f"rollout, baseline / {name}", seconds(name, "rollout")) for name in cells]
+    rows += [row(f"rollout tokens/s, {name} / baseline", rate(name)) for name in cells]
+    return rows + [row(f"whole cell, baseline / {name}", seconds(name, "total")) for name in cells]
+
+
+def drafter_rows() -> list[Row]:
+    """Tokens per verify of the shipped drafter over the one it replaced, per strategy and temperature."""
+    if not (ROOT / DRAFTERS).exists():
+        return []
+    data = _load(DRAFTERS)
+    cells = {(c["drafter"], c["strategy"], c["temperature"]): c["tokens_per_verify"] for c in data["cells"]}
     return [
         Row(
-            f"ablation: {part}, baseline / {name}",
-            [base[key] / cell[key]],
+            f"drafter deep_v2 / deep_v1, tokens per verify, {strategy} at T = {temperature:g}",
+            [value / cells["deep_v1", strategy, temperature]],
             "x",
-            "AMD EPYC, 2 cores",
-            ABLATION_CMD,
-            source,
+            _machine(data),
+            DRAFTERS_CMD,
+            DRAFTERS,
         )
-        for part, key in (("rollout", "rollout"), ("whole cell", "total"))
-        for name, cell in cells.items()
+        for (name, strategy, temperature), value in cells.items()
+        if name == "deep_v2"
     ]
 
 
@@ -212,7 +250,8 @@ def graphs_rows() -> list[Row]:
 
 
 def render() -> str:
-    rows = main_job_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows() + ragged_rows()
+    rows = main_job_rows() + drafter_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows()
+    rows += ragged_rows()
     rows += peer_rows() + graphs_rows()
     sources: dict[Path, int] = {}
     for row in rows:

@@ -9,7 +9,7 @@ generated token, TLT's SD share of decode steps and its tokens per SD step and r
 there. The rollout speedup s is the baseline's decode seconds over TLT's; a range's weight in s is its share
 of the baseline's seconds. A second table splits TLT's decode steps of each range by what the tuner played
 (each strategy, and plain decoding): milliseconds per step, rows per step, tokens per row and step (acceptance
-+ 1 for SD), milliseconds per token, and the per-token speedup over the baseline's plain steps of that range.
++ 1 for SD), milliseconds per token, and the per-token speedup over the baseline's decode steps of that range.
 Writes the tables and their raw data (.json next to it).
 """
 
@@ -120,7 +120,8 @@ def report(raw: dict) -> str:
     total_b = sum(c["seconds"] for c in base.values())
     total_t = sum(c["seconds"] for c in tlt.values())
     lines = [
-        f"# Where the rollout seconds go, by running batch size: {raw['run']}",
+        f"# Where the rollout seconds go, by running batch size: {raw['run']}"
+        + (f" (TLT) against {raw['against']} (baseline)" if raw.get("against") else ""),
         "",
         "Decode steps of the slowest rank of every measured step (both arms; prefill and setup not included). "
         "Seconds: each arm's share of its own decode seconds. Tokens per SD step and row: generated tokens of "
@@ -139,8 +140,8 @@ def report(raw: dict) -> str:
                    "ms / token", "speedup per token over the baseline")  # fmt: skip
         lines += [
             "",
-            "TLT's decode steps by what the tuner played (plain: plain decoding), against the baseline's plain "
-            "steps of the same range:",
+            "TLT's decode steps by what the tuner played (plain: plain decoding), against all of the baseline's "
+            "decode steps of the same range:",
             "",
             "| " + " | ".join(columns) + " |",
             "|---|---|" + "---:|" * (len(columns) - 2),
@@ -153,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run", nargs="?", help="a `tlt train ... train.compare_baseline=true` output folder")
     p.add_argument("--warmup", type=int, default=1, help="first steps left out (train.warmup_steps)")
+    p.add_argument(
+        "--baseline",
+        help="the run to compare against (default: RUN/baseline), e.g. another cell of a sweep: "
+        "runs/ablation/sd_adaptive_drafter --baseline runs/ablation/sd_frozen",
+    )
     p.add_argument("--out", help="write the report here (markdown) and its raw data next to it (.json)")
     p.add_argument("--from-json", help="render from raw data written by an earlier --out")
     args = p.parse_args(argv)
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_json:
         raw = json.loads(Path(args.from_json).read_text())
     else:
-        folders = {"tlt": Path(args.run), "baseline": Path(args.run) / "baseline"}
+        folders = {"tlt": Path(args.run), "baseline": Path(args.baseline or Path(args.run) / "baseline")}
         paths = {arm: f / "checkpoint" / "metrics.json" for arm, f in folders.items()}
         missing = [str(path) for path in paths.values() if not path.is_file()]
         if missing:
@@ -172,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         histories = {arm: json.loads(path.read_text()) for arm, path in paths.items()}
         raw = {"run": args.run} | {arm: decode_by_range(h, args.warmup) for arm, h in histories.items()}
         raw["tlt_strategies"] = decode_by_strategy(histories["tlt"], args.warmup)
+        if args.baseline:
+            raw["against"] = args.baseline
     print(write_report(args.out, raw, report) if args.out else report(raw), end="")
     return 0
 
