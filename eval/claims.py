@@ -37,7 +37,7 @@ DRIFT_CMD = (
     "`python -m eval.drift --steps 16 --temperature 1.0 --out DIR train.devices=1 scheduler.policy=between_steps "
     "scheduler.between_steps_budget=2 drafter.online_lr=1e-4`"
 )
-ABLATION = [RESULTS / f"ablation_deep_v2/seed{s}" for s in range(3)]
+ABLATION = [RESULTS / f"ablation_deep_v2/seed{s}" for s in range(5)]
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml` (seed 0); `tlt sweep configs/ablation.yaml --output-dir DIR seed=N`"
 DRAFTERS = RESULTS / "drafter_deep_v2/acceptance.json"
 DRAFTERS_CMD = (
