@@ -140,33 +140,35 @@ def drift_rows() -> list[Row]:
 
 
 def ablation_rows() -> list[Row]:
-    """Per seed of the sweep: each cell's rollout and whole-cell seconds against the baseline cell's, in the sweep's
-    order (sweep.csv), and its rollout throughput (response tokens per rollout second) over the baseline's. The
-    cells' summaries record no machine: the sweeps ran on the AMD EPYC VM with AVX-512 BF16 (docs/results.md)."""
+    """Per seed of the sweep: each cell's speedups over the baseline cell (`tlt.eval.sweep.speedups`: rollout and
+    whole-cell seconds, rollout throughput), in the sweep's order (sweep.csv). The cells' summaries record no
+    machine: the sweeps ran on the AMD EPYC VM with AVX-512 BF16 (docs/results.md)."""
+    from tlt.eval.sweep import flatten_summary, speedups
+
     sweeps = [folder for folder in ABLATION if (ROOT / folder / "sweep.csv").exists()]
     if not sweeps:
         return []
     order = [line.split(",")[0] for line in (ROOT / sweeps[0] / "sweep.csv").read_text().splitlines()[1:]]
-    runs = [{name: _load(folder / name / "summary.json") for name in order} for folder in sweeps]
+    runs = [speedups([flatten_summary(_load(folder / name / "summary.json")) for name in order]) for folder in sweeps]
     source = ABLATION[0].parent / "seed*/*/summary.json"
-
-    def row(claim: str, value) -> Row:
-        values = [value(cells) for cells in runs]
-        return Row(f"ablation: {claim}", values, "x", "AMD EPYC with AVX-512 BF16, 2 cores", ABLATION_CMD, source)
-
-    def seconds(name: str, key: str):
-        return lambda cells: cells["baseline"]["seconds"][key] / cells[name]["seconds"][key]
-
-    def rate(name: str):
-        def speed(cell: dict) -> float:
-            return cell["response_tokens"] / cell["seconds"]["rollout"]
-
-        return lambda cells: speed(cells[name]) / speed(cells["baseline"])
-
-    cells = order[1:]
-    rows = [row(f"rollout, baseline / {name}", seconds(name, "rollout")) for name in cells]
-    rows += [row(f"rollout tokens/s, {name} / baseline", rate(name)) for name in cells]
-    return rows + [row(f"whole cell, baseline / {name}", seconds(name, "total")) for name in cells]
+    claims = (
+        ("rollout, baseline / {}", "rollout_speedup"),
+        ("rollout tokens/s, {} / baseline", "rollout_tokens_per_s_speedup"),
+        ("whole cell, baseline / {}", "total_speedup"),
+    )
+    return [
+        Row(
+            f"ablation: {claim.format(name)}",
+            [run[i][key] for run in runs],
+            "x",
+            "AMD EPYC with AVX-512 BF16, 2 cores",
+            ABLATION_CMD,
+            source,
+        )
+        for claim, key in claims
+        for i, name in enumerate(order)
+        if i > 0
+    ]
 
 
 def drafter_rows() -> list[Row]:

@@ -31,24 +31,9 @@ def _range(batch: int) -> str:
     return str(low) if low == high else (f"{low}-{high}" if high < 10**9 else f">= {low}")
 
 
-def decode_by_range(history: list[dict], warmup: int) -> dict[str, dict]:
-    """Per batch-size range: decode steps, SD steps, rows of SD steps, seconds, tokens (summed over the
-    measured steps' timelines)."""
-    out: dict[str, dict] = {}
-    for step in measured_steps(history, warmup):
-        for batch, strategy, steps, seconds, tokens in step.get("timeline") or []:
-            cell = out.setdefault(_range(batch), {"steps": 0, "sd_steps": 0, "sd_rows": 0, "seconds": 0.0, "tokens": 0})
-            cell["steps"] += steps
-            cell["seconds"] += seconds
-            cell["tokens"] += tokens
-            if strategy:
-                cell["sd_steps"] += steps
-                cell["sd_rows"] += steps * batch
-    return out
-
-
 def decode_by_strategy(history: list[dict], warmup: int) -> dict[str, dict[str, dict]]:
-    """Per batch-size range and per strategy ('plain' for plain decoding): decode steps, rows, seconds, tokens."""
+    """Per batch-size range and per strategy ('plain' for plain decoding): decode steps, rows, seconds, tokens
+    (summed over the measured steps' timelines)."""
     out: dict[str, dict[str, dict]] = {}
     for step in measured_steps(history, warmup):
         for batch, strategy, steps, seconds, tokens in step.get("timeline") or []:
@@ -59,6 +44,28 @@ def decode_by_strategy(history: list[dict], warmup: int) -> dict[str, dict[str, 
             cell["seconds"] += seconds
             cell["tokens"] += tokens
     return out
+
+
+def by_range(strategies: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """`decode_by_strategy` summed per batch-size range: decode steps, SD steps, rows of SD steps, seconds,
+    tokens."""
+    out = {}
+    for key, cells in strategies.items():
+        sd = [c for strategy, c in cells.items() if strategy != "plain"]
+        out[key] = {
+            "steps": sum(c["steps"] for c in cells.values()),
+            "sd_steps": sum(c["steps"] for c in sd),
+            "sd_rows": sum(c["rows"] for c in sd),
+            "seconds": sum(c["seconds"] for c in cells.values()),
+            "tokens": sum(c["tokens"] for c in cells.values()),
+        }
+    return out
+
+
+def decode_by_range(history: list[dict], warmup: int) -> dict[str, dict]:
+    """Per batch-size range: decode steps, SD steps, rows of SD steps, seconds, tokens (summed over the measured
+    steps' timelines)."""
+    return by_range(decode_by_strategy(history, warmup))
 
 
 def strategy_rows(tlt: dict[str, dict[str, dict]], base: dict[str, dict]) -> list[list[str]]:
@@ -176,8 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         histories = {arm: json.loads(path.read_text()) for arm, path in paths.items()}
-        raw = {"run": args.run} | {arm: decode_by_range(h, args.warmup) for arm, h in histories.items()}
-        raw["tlt_strategies"] = decode_by_strategy(histories["tlt"], args.warmup)
+        strategies = {arm: decode_by_strategy(h, args.warmup) for arm, h in histories.items()}
+        raw = {"run": args.run} | {arm: by_range(cells) for arm, cells in strategies.items()}
+        raw["tlt_strategies"] = strategies["tlt"]
         if args.baseline:
             raw["against"] = args.baseline
     print(write_report(args.out, raw, report) if args.out else report(raw), end="")

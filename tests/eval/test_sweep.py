@@ -9,7 +9,7 @@ import pytest
 
 from tlt.cli import parse_args
 from tlt.config import ConfigError, RunConfig, load_config
-from tlt.eval.sweep import _flatten, run_sweep, to_markdown, validate
+from tlt.eval.sweep import flatten_summary, run_sweep, to_markdown, validate
 from tlt.eval.sweep_grid import Cell, GridSection, expand, load_grid, slug
 
 CONFIGS = Path(__file__).parents[2] / "configs"
@@ -200,9 +200,14 @@ def test_table_prints_plain_decimals_and_says_which_cells_had_idle_workers():
             "cell": "one",
             "status": "done",
             "overrides": "",
-            **_flatten({"devices": 1, "seconds": {"drafter": 2.222e-05}}),
+            **flatten_summary({"devices": 1, "seconds": {"drafter": 2.222e-05}}),
         },
-        {"cell": "two", "status": "done", "overrides": "", **_flatten({"devices": 2, "step_seconds_mean": 12.3456})},
+        {
+            "cell": "two",
+            "status": "done",
+            "overrides": "",
+            **flatten_summary({"devices": 2, "step_seconds_mean": 12.3456}),
+        },
     ]
     md = to_markdown(rows)
     assert "e-05" not in md and "| one | done | no (1 process) |" in md and "| 0.000 |" in md
@@ -301,10 +306,10 @@ def test_end_to_end_tiny_sweep(tmp_path):
 def test_table_gives_each_cell_speedup_over_the_first():
     def row(cell, rollout, total, tokens):
         summary = {"response_tokens": tokens, "seconds": {"rollout": rollout, "total": total}}
-        return {"cell": cell, "status": "done", "overrides": "", **_flatten(summary)}
+        return {"cell": cell, "status": "done", "overrides": "", **flatten_summary(summary)}
 
     rows = [row("base", 6.0, 12.0, 600), row("sd", 4.0, 10.0, 480)]
-    rows.append({"cell": "broken", "status": "failed", "overrides": "", **_flatten({})})
+    rows.append({"cell": "broken", "status": "failed", "overrides": "", **flatten_summary({})})
     lines = {line.split(" | ")[0].lstrip("| "): line for line in to_markdown(rows).splitlines()}
     # sd: 6 / 4 s rollout = 1.5x; 480 tokens in 4 s against 600 in 6 s = 1.2x the throughput; 12 / 10 s = 1.2x
     assert "| 12.000 | 1.000 | 1.000 | 1.000 |" in lines["base"]

@@ -216,11 +216,15 @@ class Comparison:
         return "\n".join(lines) + "\n"
 
 
+def response_tokens(steps: list[dict]) -> float:
+    """Response tokens generated over `steps` (per-step metrics)."""
+    return sum(m["response_len_mean"] * m["num_samples"] for m in steps)
+
+
 def rollout_throughput(steps: list[dict]) -> float:
     """Response tokens per rollout second over `steps` (per-step metrics; 0 without rollout time)."""
     seconds = sum(m["rollout_seconds"] for m in steps)
-    tokens = sum(m["response_len_mean"] * m["num_samples"] for m in steps)
-    return tokens / seconds if seconds > 0 else 0.0
+    return response_tokens(steps) / seconds if seconds > 0 else 0.0
 
 
 def step_seconds(metrics: dict) -> float:

@@ -68,7 +68,8 @@ def validate(grid: Grid) -> dict[str, RunConfig]:
     return {cell.name: cell_config(grid, cell) for cell in grid.cells}
 
 
-def _flatten(summary: dict) -> dict:
+def flatten_summary(summary: dict) -> dict:
+    """A run's summary.json as a sweep row's fields (`SUMMARY_FIELDS`, seconds as seconds.<part>, idle_workers)."""
     flat = {k: summary.get(k) for k in SUMMARY_FIELDS if "." not in k}
     flat["idle_workers"] = _idle_workers(summary)
     flat |= {f"seconds.{k}": v for k, v in (summary.get("seconds") or {}).items() if f"seconds.{k}" in SUMMARY_FIELDS}
@@ -130,7 +131,7 @@ def run_sweep(
     for cell in grid.cells:
         done = _finished(grid.cell_dir(cell), configs[cell.name])
         if done is not None:
-            rows[cell.name] |= {"status": "skipped"} | _flatten(done)
+            rows[cell.name] |= {"status": "skipped"} | flatten_summary(done)
         elif dry_run:
             rows[cell.name]["status"] = "planned"
         else:
@@ -164,7 +165,7 @@ def _run_cell(grid: Grid, cell: Cell, cfg: RunConfig, end: int, runner: Runner, 
         log(f"[tlt sweep] cell {cell.name} failed: {type(err).__name__}: {err}")
         return {"status": "failed", "error": f"{type(err).__name__}: {err}"}
     status = "done" if end == cfg.grpo.steps else f"to step {end}"
-    return {"status": status} | _flatten(_read_summary(folder) or summary or {})
+    return {"status": status} | flatten_summary(_read_summary(folder) or summary or {})
 
 
 def _fmt(v: object) -> str:

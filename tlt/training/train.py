@@ -44,6 +44,7 @@ import torch
 from tlt.config import ConfigError, RunConfig, to_yaml
 from tlt.data.rewards import math_rewards
 from tlt.data.splits import rl_problems
+from tlt.eval.compare import response_tokens
 from tlt.files import atomic_write_json, atomic_write_text
 from tlt.models.io import load_hf_folder
 from tlt.training.checkpoint import (
@@ -379,7 +380,7 @@ def _totals(history: list[dict]) -> dict:
         "accuracy_last": history[-1]["accuracy"],
         "reward_mean": mean("reward_mean"),
         "response_len_mean": mean("response_len_mean"),
-        "response_tokens": round(sum(m["response_len_mean"] * m["num_samples"] for m in history)),
+        "response_tokens": round(response_tokens(history)),
         "accept_length_mean": sum(sd_steps) / len(sd_steps) if sd_steps else 0.0,
         "sd_token_share_mean": mean("sd_token_share"),
         "spot_steps": sum(m.get("spot_steps", 0) for m in history),  # drafter micro-steps in idle time
