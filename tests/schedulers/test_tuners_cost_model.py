@@ -84,6 +84,22 @@ def test_acceptance_is_local_to_the_batch_size():
     assert tuner.predicted_tokens_per_second(S415, 16) == pytest.approx(16 * (1 + 28 / (3 + 3 * 64 + 16)) / 0.04)
 
 
+def test_acceptance_comes_from_the_batch_sizes_own_octave_once_it_has_samples():
+    """The rows left at 2 accept nothing, those of 6-row steps 2 each. Pooled by rows, 2-row steps would predict
+    1.5 accepted per row and play SD (2 * 2.5 / 0.015 > 2 / 0.01); their own octave says plain is faster."""
+    tuner = CostModelTuner(STRATEGIES, min_pulls=2)
+    for _ in range(3):
+        tuner.update(S415, 2, 2, 0.015)
+        tuner.update(S415, 6, 6 + 12, 0.02)
+        tuner.update(None, 2, 2, 0.01)
+        tuner.update(None, 6, 6, 0.012)
+    assert tuner.predicted_tokens_per_second(S415, 2) == pytest.approx(2 / 0.015)
+    assert tuner.predicted_tokens_per_second(S415, 6) == pytest.approx(6 * 3 / 0.02)
+    assert tuner.predicted_tokens_per_second(S415, 2) < tuner.predicted_tokens_per_second(None, 2)
+    tuner.update(S415, 1, 1 + 4, 0.012)  # b = 1: one SD step < min_pulls: octaves [1] and [2-3] pooled
+    assert tuner.predicted_tokens_per_second(S415, 1) == pytest.approx((1 + 4 / 7) / 0.012)
+
+
 def test_cost_is_fitted_locally_in_log_batch_size():
     """Step time flat up to b = 8, then steep: one line through all points would overprice small batches."""
     tuner = CostModelTuner(STRATEGIES, min_pulls=1)

@@ -8,8 +8,8 @@ batch range ("octave": [1], [2-3], [4-7], ...) the tuner keeps the arm's last `w
 strategy, the accepted draft tokens per row of its last `acceptance_window` SD steps there (accepted =
 generated - b per step, since update() only reports generated tokens). At batch size b it fits the step time
 as a line, seconds(b) = a + c * b, by least squares over the points of b's octave and its two neighbours, takes
-the mean accepted tokens per row over the same three octaves (over all batch sizes while those hold fewer than
-`min_pulls` fresh SD steps), and predicts
+the mean accepted tokens per row in b's octave (while that holds fewer than `min_pulls` fresh SD steps, over the
+same three octaves, and while those do, over all batch sizes), and predicts
 
     SD:    b * (1 + accepted) / t_sd(b)        plain:    b / t_plain(b)
 
@@ -256,18 +256,25 @@ class CostModelTuner(StrategyTuner):
             return None, math.inf
         if self.arms[index] is None:
             return batch_size / seconds, math.inf
-        accepted, stale_at = self._accepted_per_row(index, near)
+        accepted, stale_at = self._accepted_per_row(index, batch_size)
         return batch_size * (1.0 + accepted) / seconds, stale_at
 
-    def _accepted_per_row(self, index: int, near: slice) -> tuple[float, float]:
-        """Mean accepted draft tokens per row near this batch size, or over all sizes while that is thin,
-        and the tuner step at which the oldest sample that could change it expires."""
-        local = self.local_acceptance[index][near]
-        for acceptance in local:
+    def _accepted_per_row(self, index: int, batch_size: int) -> tuple[float, float]:
+        """Mean accepted draft tokens per row at this batch size: its own octave's, else (while that holds fewer
+        than `min_pulls` fresh SD steps) the neighbouring octaves' pooled, else all sizes'; and the tuner step at
+        which the oldest sample that could change it expires.
+
+        Own octave first, because rows pooled by count let the larger batches dominate, and their rows are not
+        those left at 1-3 (the tail's longest responses, which a model-free drafter's history covers least):
+        pooling them kept SD on at 1-3 rows where it lost (the tiny policy with the suffix drafter)."""
+        octaves = self.local_acceptance[index]
+        own, near = octaves[_octave(batch_size) :][:1], octaves[_near_octaves(batch_size)]
+        for acceptance in near:
             acceptance.expire(self.steps)
-        stale_at = min(a.stale_at for a in (*local, self.acceptance[index]))
-        if sum(len(a.steps) for a in local) >= self.options["min_pulls"]:
-            return sum(a.accepted for a in local) / sum(a.rows for a in local), stale_at
+        stale_at = min(a.stale_at for a in (*near, self.acceptance[index]))
+        for pool in (own, near):
+            if sum(len(a.steps) for a in pool) >= self.options["min_pulls"]:
+                return sum(a.accepted for a in pool) / sum(a.rows for a in pool), stale_at
         return self.acceptance[index].mean, stale_at
 
     def select(self, batch_size: int) -> SpecStrategy | None:
