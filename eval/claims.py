@@ -39,14 +39,20 @@ DRIFT_CMD = (
 )
 ABLATION = [RESULTS / f"ablation_deep_v2/seed{s}" for s in range(5)]
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml` (seed 0); `tlt sweep configs/ablation.yaml --output-dir DIR seed=N`"
+COMPOSED_FRESH = [RESULTS / f"composed_fresh_deep_v2/seed{s}" for s in range(3)]
+COMPOSED_FRESH_CMD = (
+    "`tlt sweep configs/composed_epochs.yaml --output-dir DIR data.train_size=20000 grpo.steps=24 seed=N`"
+)
+COMPOSED_EPOCHS = [RESULTS / f"composed_epochs_deep_v2/seed{s}" for s in range(3)]
+COMPOSED_EPOCHS_CMD = "`tlt sweep configs/composed_epochs.yaml` (seed 0); `... --output-dir DIR seed=N`"
 DRAFTERS = RESULTS / "drafter_deep_v2/acceptance.json"
 DRAFTERS_CMD = (
     "`python -m eval.drafter_acceptance --policy tlt/assets/deep_v2/policy --drafter deep_v1=DIR "
     "--drafter deep_v2=tlt/assets/deep_v2/drafter --temperatures 1.0,0 --out eval/results/drafter_deep_v2` "
     "(DIR: deep_v1's drafter, from git history)"
 )
-SUFFIX = RESULTS / "suffix_deep_v1/suffix.json"
-SUFFIX_CMD = "`python -m eval.bench_suffix --target tlt/assets/deep_v1/policy --prompts 32 --samples 8`"
+SUFFIX = RESULTS / "suffix_deep_v2/suffix.json"
+SUFFIX_CMD = "`python -m eval.bench_suffix --target tlt/assets/deep_v2/policy --prompts 32 --samples 8 --seeds 1,2,3`"
 RAGGED = RESULTS / "ragged_tiny/ragged.json"
 RAGGED_CMD = "`python -m eval.bench_ragged --target runs/tiny/model --prompts 16 --rounds 5 --out DIR`"
 PEER = RESULTS / "peer_trl_deep_v1/peer_trl.json"
@@ -140,29 +146,42 @@ def drift_rows() -> list[Row]:
 
 
 def ablation_rows() -> list[Row]:
-    """Per seed of the sweep: each cell's speedups over the baseline cell (`tlt.eval.sweep.speedups`: rollout and
-    whole-cell seconds, rollout throughput), in the sweep's order (sweep.csv). The cells' summaries record no
+    """The ablation sweep per seed: each cell's speedups over the baseline cell. The cells' summaries record no
     machine: the sweeps ran on the AMD EPYC VM with AVX-512 BF16 (docs/results.md)."""
+    return sweep_rows("ablation", ABLATION, ABLATION_CMD)
+
+
+def composed_rows() -> list[Row]:
+    """EAGLE + suffix against EAGLE alone in RL, per seed: prompts not repeated, and a fixed pool of 16 prompts
+    over 3 epochs (the same AVX-512 VM)."""
+    return sweep_rows("composed, new prompts", COMPOSED_FRESH, COMPOSED_FRESH_CMD) + sweep_rows(
+        "composed, 16-prompt pool x 3 epochs (all 12 steps)", COMPOSED_EPOCHS, COMPOSED_EPOCHS_CMD
+    )
+
+
+def sweep_rows(label: str, folders: list[Path], command: str) -> list[Row]:
+    """Per seed of a sweep: each cell's speedups over its first cell (`tlt.eval.sweep.speedups`: rollout and
+    whole-cell seconds, rollout throughput), in the sweep's order (sweep.csv)."""
     from tlt.eval.sweep import flatten_summary, speedups
 
-    sweeps = [folder for folder in ABLATION if (ROOT / folder / "sweep.csv").exists()]
+    sweeps = [folder for folder in folders if (ROOT / folder / "sweep.csv").exists()]
     if not sweeps:
         return []
     order = [line.split(",")[0] for line in (ROOT / sweeps[0] / "sweep.csv").read_text().splitlines()[1:]]
     runs = [speedups([flatten_summary(_load(folder / name / "summary.json")) for name in order]) for folder in sweeps]
-    source = ABLATION[0].parent / "seed*/*/summary.json"
+    source = folders[0].parent / "seed*/*/summary.json"
     claims = (
-        ("rollout, baseline / {}", "rollout_speedup"),
-        ("rollout tokens/s, {} / baseline", "rollout_tokens_per_s_speedup"),
-        ("whole cell, baseline / {}", "total_speedup"),
+        ("rollout, {base} / {cell}", "rollout_speedup"),
+        ("rollout tokens/s, {cell} / {base}", "rollout_tokens_per_s_speedup"),
+        ("whole cell, {base} / {cell}", "total_speedup"),
     )
     return [
         Row(
-            f"ablation: {claim.format(name)}",
+            f"{label}: {claim.format(base=order[0], cell=name)}",
             [run[i][key] for run in runs],
             "x",
             "AMD EPYC with AVX-512 BF16, 2 cores",
-            ABLATION_CMD,
+            command,
             source,
         )
         for claim, key in claims
@@ -196,10 +215,11 @@ def suffix_rows() -> list[Row]:
         return []
     data = _load(SUFFIX)
     rows = []
+    labels = {"suffix": "suffix drafter", "ngram": "ngram drafter", "hindsight_2": "bound (hindsight, match >= 2)"}
     for number, p in enumerate(data["passes"], 1):
-        when = "prompts new to it" if number == 1 else "the same prompts a step later"
-        for name in ("suffix", "ngram"):
-            claim = f"{name} drafter, tokens per verify at T = 1, {when}"
+        when = "prompts new to it" if number == 1 else f"the same prompts, {number - 1} pass(es) seen"
+        for name, label in labels.items():
+            claim = f"{label}, tokens per verify at T = 1, {when}"
             rows.append(Row(claim, [p[name]["tokens_per_verify"]], "", _machine(data), SUFFIX_CMD, SUFFIX))
     return rows
 
@@ -253,7 +273,7 @@ def graphs_rows() -> list[Row]:
 
 def render() -> str:
     rows = main_job_rows() + drafter_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows()
-    rows += ragged_rows()
+    rows += ragged_rows() + composed_rows()
     rows += peer_rows() + graphs_rows()
     sources: dict[Path, int] = {}
     for row in rows:

@@ -55,6 +55,7 @@ def epochs(cell: dict) -> list[dict]:
             "rollout_seconds": sum(m["rollout_seconds"] for m in ms),
             "accept_length": statistics.fmean([m["accept_length"] for m in ms if m["accept_length"] > 0] or [0.0]),
             "sd_token_share": statistics.fmean(m["sd_token_share"] for m in ms),
+            "response_len_sum": sum(m["response_len_mean"] for m in ms),  # x rows per step: the epoch's tokens
             **{k: sum(m.get(k, 0) for m in ms) for k in PARTS},
         }
         for e, ms in sorted(groups.items())
@@ -71,13 +72,20 @@ def _parts(e: dict) -> str:
 
 
 def _sweeps(data: dict) -> list[dict]:
-    """[{"sweep", "cells"}] of a report (one written before several sweeps were read has them at the top)."""
-    return data.get("sweeps") or [{"sweep": data["sweep"], "cells": data["cells"]}]
+    """[{"sweep", "cells", "order"?}] of a report (one written before several sweeps were read has them at the
+    top)."""
+    return data.get("sweeps") or [{"sweep": data["sweep"], "cells": data["cells"], "order": data.get("order")}]
+
+
+def cell_order(sweep: dict) -> list[str]:
+    """The cells in sweep.csv order, the first being the base the others are compared with. Reports keep it as
+    `order`, since their JSON sorts keys; one written before that takes the keys' order."""
+    return sweep.get("order") or list(sweep["cells"])
 
 
 def table(data: dict) -> str:
     sweeps = _sweeps(data)
-    names = list(sweeps[0]["cells"])
+    names = cell_order(sweeps[0])
     folders = ", ".join(f"`{Path(sweep['sweep']).name}`" for sweep in sweeps)
     which = f"The sweep in {folders} (its config" if len(sweeps) == 1 else f"The sweeps in {folders} (their config"
     lines = [
@@ -92,32 +100,57 @@ def table(data: dict) -> str:
     for sweep in sweeps:
         if len(sweeps) > 1:
             lines += ["", f"## {Path(sweep['sweep']).name}"]
-        lines += [""] + _epoch_rows(sweep["cells"])
-    if len(sweeps) > 1:
-        lines += ["", f"## Epochs 2 on, per sweep: rollout seconds and speedup over `{names[0]}`", ""]
+        lines += [""] + _epoch_rows(sweep["cells"], cell_order(sweep))
+    if len(sweeps) > 1 and _has_later_epochs(sweeps[0]):  # a pool larger than the run has one epoch only
+        lines += [
+            "",
+            f"## Epochs 2 on, per sweep: rollout seconds and speedup over `{names[0]}`",
+            "",
+            "Rollout tokens/s (response tokens per rollout second) over the base's leaves out that the cells sample "
+            "responses of different lengths; an epoch's seconds still follow its longest response.",
+            "",
+        ]
         lines += _later_rows(sweeps, names)
     return "\n".join(lines) + "\n"
 
 
+def _has_later_epochs(sweep: dict) -> bool:
+    return any(e["epoch"] > 1 for cell in sweep["cells"].values() for e in epochs(cell))
+
+
 def _later_rows(sweeps: list[dict], names: list[str]) -> list[str]:
-    seconds = {
-        name: [sum(e["rollout_seconds"] for e in epochs(s["cells"][name]) if e["epoch"] > 1) for s in sweeps]
-        for name in names
-    }
+    def later(name: str, key: str) -> list[float]:
+        return [sum(e[key] for e in epochs(s["cells"][name]) if e["epoch"] > 1) for s in sweeps]
+
+    seconds = {name: later(name, "rollout_seconds") for name in names}
+    tokens = {name: later(name, "response_len_sum") for name in names}
     header = ", ".join(Path(s["sweep"]).name for s in sweeps)
-    lines = [f"| cell | rollout s ({header}) | speedup (same order) | speedup median (min-max) |", "|---|---|---|---|"]
+    lines = [
+        f"| cell | rollout s ({header}) | speedup (same order) | speedup median (min-max) | rollout tokens/s "
+        "speedup (same order) | its median (min-max) |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in names:
         ratios = [b / x for b, x in zip(seconds[names[0]], seconds[name], strict=True)]
+        rates = [
+            r * t / bt for r, t, bt in zip(ratios, tokens[name], tokens[names[0]], strict=True)
+        ]  # tokens/s over the base's: the rows per step are the same in every cell
         lines.append(
-            f"| {name} | {', '.join(f'{x:.1f}' for x in seconds[name])} | "
-            f"{', '.join(f'{r:.2f}x' for r in ratios)} | "
-            f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) |"
+            f"| {name} | {', '.join(f'{x:.1f}' for x in seconds[name])} | {_ratios(ratios)} | "
+            f"{', '.join(f'{r:.2f}x' for r in rates)} | {_median_range(rates)} |"
         )
     return lines
 
 
-def _epoch_rows(cells: dict) -> list[str]:
-    names = list(cells)
+def _ratios(ratios: list[float]) -> str:
+    return f"{', '.join(f'{r:.2f}x' for r in ratios)} | {_median_range(ratios)}"
+
+
+def _median_range(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
+def _epoch_rows(cells: dict, names: list[str]) -> list[str]:
     base = {e["epoch"]: e["rollout_seconds"] for e in epochs(cells[names[0]])}
     lines = [
         "| cell | epoch | rollout s | tokens per verify | SD share | rollout speedup | "
@@ -148,9 +181,10 @@ def main(argv=None) -> int:
     elif not args.sweeps:
         parser.error("give the sweep's output folder, or --render")
     elif len(args.sweeps) == 1:
-        data = {"machine": describe_machine(), "sweep": args.sweeps[0], "cells": read_sweep(Path(args.sweeps[0]))}
+        cells = read_sweep(Path(args.sweeps[0]))
+        data = {"machine": describe_machine(), "sweep": args.sweeps[0], "cells": cells, "order": list(cells)}
     else:
-        sweeps = [{"sweep": s, "cells": read_sweep(Path(s))} for s in args.sweeps]
+        sweeps = [{"sweep": s, "cells": (cells := read_sweep(Path(s))), "order": list(cells)} for s in args.sweeps]
         data = {"machine": describe_machine(), "sweeps": sweeps}
     print(write_report(out / "epochs.md", data, table))
     return 0

@@ -252,11 +252,23 @@ class DrafterConfig:
     # steps, saved in the checkpoint
     history_tokens: int = 1_000_000
     history_responses: int = 64  # suffix drafter: finished responses kept per prompt (oldest out first)
+    # suffix drafter: a draft is at most this many times the matched context's length (and the strategy's depth);
+    # larger drafts longer after long matches (as DAS does), at more target compute per verify
+    suffix_spec_factor: float = 1.0
+    # suffix drafter: a drafted token must have followed the matched context at least this share of the time
+    suffix_min_token_prob: float = 0.1
 
     def __post_init__(self) -> None:
         _check_choice("drafter.kind", self.kind, DRAFTER_KINDS)
         _check(self.history_tokens >= 0, "drafter.history_tokens", "an integer >= 0", self.history_tokens)
         _check(self.history_responses >= 0, "drafter.history_responses", "an integer >= 0", self.history_responses)
+        _check(self.suffix_spec_factor > 0, "drafter.suffix_spec_factor", "a float > 0", self.suffix_spec_factor)
+        _check(
+            0 <= self.suffix_min_token_prob <= 1,
+            "drafter.suffix_min_token_prob",
+            "a float in [0, 1]",
+            self.suffix_min_token_prob,
+        )
         _check_choice("drafter.precision", self.precision, PRECISIONS)
         _check(self.train_steps >= 1, "drafter.train_steps", "an integer >= 1", self.train_steps)
         _check(self.distill_prompts >= 1, "drafter.distill_prompts", "an integer >= 1", self.distill_prompts)

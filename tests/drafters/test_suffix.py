@@ -159,3 +159,29 @@ def test_tlt_train_keeps_the_suffix_history_in_its_checkpoint_and_resumes_with_i
     assert main([*args, "grpo.steps=3"]) == 0
     resumed = load_drafter(tmp_path / "rl" / "checkpoint" / "drafter").history()
     assert sum(len(h["responses"]) for h in resumed) == 3 * 2 * 4
+
+
+def test_the_config_sets_the_draft_length_keys_and_names_a_bad_one():
+    from tlt.config import ConfigError, load_config
+
+    cfg = load_config(None, ["drafter.kind=suffix", "drafter.suffix_spec_factor=4", "drafter.suffix_min_token_prob=0"])
+    d = SuffixDrafter.from_config(cfg.drafter, None)
+    assert (d.spec_factor, d.min_token_prob) == (4.0, 0.0)
+    with pytest.raises(ConfigError, match="drafter.suffix_spec_factor"):
+        load_config(None, ["drafter.suffix_spec_factor=0"])
+    with pytest.raises(ConfigError, match="drafter.suffix_min_token_prob"):
+        load_config(None, ["drafter.suffix_min_token_prob=1.5"])
+    with pytest.raises(ValueError, match="spec_factor > 0"):
+        SuffixDrafter(spec_factor=-1)
+
+
+def test_a_larger_spec_factor_drafts_further_after_the_same_match():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]  # ends "1 2": a 2-token match with its start
+    lengths = []
+    for factor in (1.0, 4.0):
+        d = SuffixDrafter(spec_factor=factor)
+        d.start(torch.tensor([prompt]), None, torch.tensor([len(prompt)]))
+        tree = d.propose(SpecStrategy.parse("8_1_9"))
+        lengths.append(tree.real[0] - 1)
+        assert tree.tokens[0, 1 : tree.real[0]].tolist() == prompt[2 : 2 + lengths[-1]]  # what followed "1 2"
+    assert lengths == [2, 8]  # at most 1x / 4x the 2 matched tokens, and the strategy's 8

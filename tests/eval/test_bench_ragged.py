@@ -2,13 +2,18 @@
 data."""
 
 import json
+import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eval.bench_ragged import _bucket, summarize, table
-from eval.bench_suffix import accepted_length
+from eval.bench_suffix import accepted_length, hindsight, replay, summary
 from eval.bench_suffix import table as suffix_table
+from tlt.drafters.suffix import SuffixDrafter
+from tlt.speculative.strategy import SpecStrategy
 
 RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
 
@@ -20,7 +25,7 @@ def test_the_committed_report_renders_from_its_json(folder, name, render):
 
 
 def test_the_committed_suffix_reports_render_from_their_json():
-    for folder in ("suffix_deep_v1", "suffix_tiny"):
+    for folder in ("suffix_deep_v2", "suffix_deep_v2_tree", "suffix_tiny"):
         report = json.loads((RESULTS / folder / "suffix.json").read_text())
         assert suffix_table(report) == (RESULTS / folder / "suffix.md").read_text()
 
@@ -57,3 +62,61 @@ def test_replayed_acceptance_walks_a_tree_to_the_realized_tokens():
     assert accepted_length(tokens, parents, [7, 8, 9, 1]) == 3
     assert accepted_length(tokens, parents, [7, 8]) == 2  # no further than the realized tokens
     assert accepted_length(tokens[:3], parents[:3], [7, 8, 9]) == 1  # nodes past a row's real count are not there
+
+
+def _hindsight_brute_force(prompts, earlier, responses, n, steps, min_match):
+    """The bound written out: at every step scan all seen text for the context's last min_match tokens."""
+    committed = [r[:1] for r in responses]
+    per_row = [[] for _ in responses]
+    while any(len(c) < len(r) for c, r in zip(committed, responses, strict=True)):
+        commits = {}
+        for i, response in enumerate(responses):
+            if len(committed[i]) == len(response):
+                continue
+            group = i // n
+            seen = [prompts[group] + r for past in earlier for r in past[group * n : (group + 1) * n]]
+            seen += [prompts[group] + committed[j] for j in range(group * n, group * n + n)]
+            context, rest = prompts[group] + committed[i], response[len(committed[i]) :][: steps + 1]
+            best = 0
+            for text in seen:
+                for at in range(min_match, len(text)):
+                    if text[at - min_match : at] == context[-min_match:]:
+                        k = 0
+                        while k < len(rest) - 1 and at + k < len(text) and text[at + k] == rest[k]:
+                            k += 1
+                        best = max(best, k)
+            per_row[i].append(best + 1)
+            commits[i] = rest[: best + 1]
+        for i, tokens in commits.items():
+            committed[i] += tokens
+    return per_row
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    n=st.integers(1, 3),
+    steps=st.integers(1, 5),
+    min_match=st.integers(1, 2),
+)
+def test_hindsight_bound_matches_a_brute_force_scan_and_bounds_the_suffix_drafter(data, n, steps, min_match):
+    tokens = st.lists(st.integers(0, 3), min_size=1, max_size=12)  # 4 symbols: many repeats
+    prompts = data.draw(st.lists(tokens, min_size=1, max_size=2))
+    passes = [data.draw(st.lists(tokens, min_size=n * len(prompts), max_size=n * len(prompts))) for _ in range(2)]
+    for p in range(2):
+        bound = hindsight(prompts, passes[:p], passes[p], n, steps, min_match)
+        assert bound == _hindsight_brute_force(prompts, passes[:p], passes[p], n, steps, min_match)
+        assert [sum(row) for row in bound] == [len(r) - 1 for r in passes[p]]  # every token committed once
+
+
+def test_no_suffix_draft_beats_the_hindsight_bound_on_repetitive_rollouts():
+    pytest.importorskip("arctic_inference")
+    rng = random.Random(0)
+    phrases = [[rng.randrange(20) for _ in range(6)] for _ in range(5)]
+    prompts = [[rng.randrange(20) for _ in range(5)] for _ in range(3)]
+    passes = [[sum((rng.choice(phrases) for _ in range(6)), []) for _ in range(12)] for _ in range(2)]
+    drafter, strategy = SuffixDrafter(), SpecStrategy.parse("6_2_12")
+    for p in range(2):
+        drafted = summary(*replay(drafter, prompts, passes[p], 4, strategy)[:2], passes[p], 4)["tokens_per_verify"]
+        bound = summary(hindsight(prompts, passes[:p], passes[p], 4, 6, 1), [], passes[p], 4)["tokens_per_verify"]
+        assert 1.5 < drafted <= bound  # the drafter does accept here, and never more than the bound

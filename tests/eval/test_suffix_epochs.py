@@ -17,9 +17,9 @@ def test_the_committed_report_renders_from_its_json(folder):
     assert table(data) == (RESULTS / folder / "epochs.md").read_text()
 
 
-def _cell(*rollout_seconds, accept=0.0):
+def _cell(*rollout_seconds, accept=0.0, length=9):
     metrics = [
-        {"step": i, "rollout_seconds": s, "accept_length": accept, "sd_token_share": 0.5, "response_len_mean": 9}
+        {"step": i, "rollout_seconds": s, "accept_length": accept, "sd_token_share": 0.5, "response_len_mean": length}
         for i, s in enumerate(rollout_seconds)
     ]
     return {"steps_per_epoch": 2, "metrics": metrics}
@@ -43,5 +43,29 @@ def test_later_epochs_are_summed_per_sweep_with_the_median_speedup():
         ],
     }
     text = table(data)
-    assert "| suffix | 6.0, 8.0, 12.0 | 1.33x, 0.50x, 1.00x | 1.00x (0.50-1.33) |" in text
+    assert "| suffix | 6.0, 8.0, 12.0 | 1.33x, 0.50x, 1.00x | 1.00x (0.50-1.33) | 1.33x, 0.50x, 1.00x |" in text
     assert text.count("| sd_never | 1 |") == 3  # one per-epoch table per sweep
+
+
+def test_the_base_cell_is_the_sweeps_first_not_the_json_keys_first(tmp_path):
+    """Reports sort their JSON keys; the base must stay the sweep's first cell (here `sd_never` after `eagle`)."""
+    data = {
+        "machine": {"cpu_model": "cpu"},
+        "sweeps": [
+            {"sweep": "runs/a", "cells": {"eagle": _cell(1, 1, 2, 2), "sd_never": _cell(1, 1, 4, 4, length=6)}}
+            | {"order": ["sd_never", "eagle"]}
+        ]
+        * 2,
+    }
+    text = table(json.loads(json.dumps(data, sort_keys=True)))
+    assert "speedup over `sd_never`" in text
+    # eagle: 4 s against 8 s in epoch 2, and 1.5x the response tokens: 2.0x the time, 3.0x the tokens/s
+    assert "| eagle | 4.0, 4.0 | 2.00x, 2.00x | 2.00x (2.00-2.00) | 3.00x, 3.00x | 3.00x (3.00-3.00) |" in text
+
+
+def test_sweeps_of_one_epoch_get_their_tables_and_no_later_epochs_summary():
+    one_epoch = {"steps_per_epoch": 100, "metrics": _cell(1, 2, 3)["metrics"]}
+    sweep = {"sweep": "runs/a", "cells": {"eagle": one_epoch, "eagle_suffix": one_epoch}}
+    text = table({"machine": {"cpu_model": "cpu"}, "sweeps": [sweep, sweep]})
+    assert text.count("| eagle_suffix | 1 | 6.0 |") == 2
+    assert "Epochs 2 on" not in text

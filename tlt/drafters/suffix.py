@@ -132,7 +132,12 @@ class SuffixDrafter(Drafter):
 
     @classmethod
     def from_config(cls, cfg, target, seed: int = 0) -> SuffixDrafter:
-        return cls(history_tokens=cfg.history_tokens, history_responses=cfg.history_responses)
+        return cls(
+            history_tokens=cfg.history_tokens,
+            history_responses=cfg.history_responses,
+            spec_factor=cfg.suffix_spec_factor,
+            min_token_prob=cfg.suffix_min_token_prob,
+        )
 
     def __init__(
         self,
@@ -147,6 +152,8 @@ class SuffixDrafter(Drafter):
                 f"need history_tokens >= 0, history_responses >= 0, max_depth >= 1; got {history_tokens}, "
                 f"{history_responses}, {max_depth}"
             )
+        if not spec_factor > 0 or not 0 <= min_token_prob <= 1:
+            raise ValueError(f"need spec_factor > 0 and min_token_prob in [0, 1]; got {spec_factor}, {min_token_prob}")
         suffix_tree_class()  # fail at construction, with the install hint, when arctic-inference is missing
         self.history_tokens, self.history_responses, self.max_depth = history_tokens, history_responses, max_depth
         self.spec_factor, self.min_token_prob = spec_factor, min_token_prob
