@@ -62,12 +62,6 @@ def by_range(strategies: dict[str, dict[str, dict]]) -> dict[str, dict]:
     return out
 
 
-def decode_by_range(history: list[dict], warmup: int) -> dict[str, dict]:
-    """Per batch-size range: decode steps, SD steps, rows of SD steps, seconds, tokens (summed over the measured
-    steps' timelines)."""
-    return by_range(decode_by_strategy(history, warmup))
-
-
 def strategy_rows(tlt: dict[str, dict[str, dict]], base: dict[str, dict]) -> list[list[str]]:
     table = []
     for low, _ in RANGES:
@@ -120,7 +114,7 @@ def rows(tlt: dict[str, dict], base: dict[str, dict]) -> list[list[str]]:
 
 
 def report(raw: dict) -> str:
-    """The Markdown report of `raw` ({"run", "tlt", "baseline"}: each arm's decode_by_range)."""
+    """The Markdown report of `raw` ({"run", "tlt", "baseline"}: each arm's by_range)."""
     tlt, base = raw["tlt"], raw["baseline"]
     columns = ("running batch", "baseline seconds", "TLT seconds", "baseline ms / token", "TLT ms / token",
                "TLT SD steps", "tokens per SD step and row", "speedup per token")  # fmt: skip

@@ -136,14 +136,14 @@ def _later_rows(sweeps: list[dict], names: list[str]) -> list[str]:
             r * t / bt for r, t, bt in zip(ratios, tokens[name], tokens[names[0]], strict=True)
         ]  # tokens/s over the base's: the rows per step are the same in every cell
         lines.append(
-            f"| {name} | {', '.join(f'{x:.1f}' for x in seconds[name])} | {_ratios(ratios)} | "
-            f"{', '.join(f'{r:.2f}x' for r in rates)} | {_median_range(rates)} |"
+            f"| {name} | {', '.join(f'{x:.1f}' for x in seconds[name])} | {_listed(ratios)} | "
+            f"{_median_range(ratios)} | {_listed(rates)} | {_median_range(rates)} |"
         )
     return lines
 
 
-def _ratios(ratios: list[float]) -> str:
-    return f"{', '.join(f'{r:.2f}x' for r in ratios)} | {_median_range(ratios)}"
+def _listed(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.2f}x" for r in ratios)
 
 
 def _median_range(values: list[float]) -> str:

@@ -1,6 +1,6 @@
 import json
 
-from eval.long_tail import decode_by_range, main
+from eval.long_tail import by_range, decode_by_strategy, main
 
 
 def _history(timelines):
@@ -11,7 +11,7 @@ def test_decomposition_by_batch_size_by_hand(tmp_path, capsys):
     warm = [[16, "", 10, 100.0, 160]]  # the warm-up step is left out
     base = _history([warm, [[16, "", 10, 4.0, 160], [1, "", 100, 2.0, 100]]])
     tlt = _history([warm, [[16, "", 10, 4.0, 160], [1, "5_1_6", 25, 0.75, 100]]])
-    cells = decode_by_range(tlt, warmup=1)
+    cells = by_range(decode_by_strategy(tlt, warmup=1))
     assert cells["1"] == {"steps": 25, "sd_steps": 25, "sd_rows": 25, "seconds": 0.75, "tokens": 100}
     assert cells["9-16"]["sd_steps"] == 0
     run = tmp_path / "run"

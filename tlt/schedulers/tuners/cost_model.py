@@ -256,10 +256,10 @@ class CostModelTuner(StrategyTuner):
             return None, math.inf
         if self.arms[index] is None:
             return batch_size / seconds, math.inf
-        accepted, stale_at = self._accepted_per_row(index, batch_size)
+        accepted, stale_at = self._accepted_per_row(index, batch_size, near)
         return batch_size * (1.0 + accepted) / seconds, stale_at
 
-    def _accepted_per_row(self, index: int, batch_size: int) -> tuple[float, float]:
+    def _accepted_per_row(self, index: int, batch_size: int, near: slice) -> tuple[float, float]:
         """Mean accepted draft tokens per row at this batch size: its own octave's, else (while that holds fewer
         than `min_pulls` fresh SD steps) the neighbouring octaves' pooled, else all sizes'; and the tuner step at
         which the oldest sample that could change it expires.
@@ -268,11 +268,11 @@ class CostModelTuner(StrategyTuner):
         those left at 1-3 (the tail's longest responses, which a model-free drafter's history covers least):
         pooling them kept SD on at 1-3 rows where it lost (the tiny policy with the suffix drafter)."""
         octaves = self.local_acceptance[index]
-        own, near = octaves[_octave(batch_size) :][:1], octaves[_near_octaves(batch_size)]
-        for acceptance in near:
+        own, local = octaves[_octave(batch_size) :][:1], octaves[near]
+        for acceptance in local:
             acceptance.expire(self.steps)
-        stale_at = min(a.stale_at for a in (*near, self.acceptance[index]))
-        for pool in (own, near):
+        stale_at = min(a.stale_at for a in (*local, self.acceptance[index]))
+        for pool in (own, local):
             if sum(len(a.steps) for a in pool) >= self.options["min_pulls"]:
                 return sum(a.accepted for a in pool) / sum(a.rows for a in pool), stale_at
         return self.acceptance[index].mean, stale_at
