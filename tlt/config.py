@@ -252,8 +252,8 @@ class DrafterConfig:
     # steps, saved in the checkpoint
     history_tokens: int = 1_000_000
     history_responses: int = 64  # suffix drafter: finished responses kept per prompt (oldest out first)
-    # suffix drafter: a draft is at most this many times the matched context's length (and the strategy's depth);
-    # larger drafts longer after long matches (as DAS does), at more target compute per verify
+    # suffix drafter: a draft (a tree: its nodes) is at most this many times the matched context's length (and the
+    # strategy's depth, or nodes); larger drafts more after long matches (as DAS does), at more compute per verify
     suffix_spec_factor: float = 1.0
     # suffix drafter: a drafted token must have followed the matched context at least this share of the time
     suffix_min_token_prob: float = 0.1

@@ -185,3 +185,20 @@ def test_a_larger_spec_factor_drafts_further_after_the_same_match():
         lengths.append(tree.real[0] - 1)
         assert tree.tokens[0, 1 : tree.real[0]].tolist() == prompt[2 : 2 + lengths[-1]]  # what followed "1 2"
     assert lengths == [2, 8]  # at most 1x / 4x the 2 matched tokens, and the strategy's 8
+
+
+def test_a_tree_drafts_up_to_the_strategys_nodes_within_its_depth_and_width():
+    """Four responses branch after "7 8": a 2-deep top-4 tree of 9 nodes holds all four two-token paths (more
+    nodes than its depth); drafted nodes keep the depth and width; the filler after them is never drafted."""
+    d = SuffixDrafter(spec_factor=8.0, min_token_prob=0.0)
+    prompt = [7, 8]
+    _start(d, [prompt] * 4)
+    _append(d, [[10, 11], [20, 21], [30, 31], [40, 41]])
+    _start(d, [prompt])  # the next step: the earlier four are history
+    tree = d.propose(SpecStrategy.parse("2_4_12"))
+    real = tree.real[0]
+    tokens, parents = tree.tokens[0, :real].tolist(), tree.parents[0, :real].tolist()
+    paths = {(tokens[i], tokens[j]) for j in range(real) for i in range(real) if parents[j] == i and parents[i] == 0}
+    assert paths == {(10, 11), (20, 21), (30, 31), (40, 41)}
+    assert real == 9 and int(tree.depths()[0, :real].max()) == 2
+    assert (tree.parents[0, real:] == 0).all()  # filler under the root, past `real`

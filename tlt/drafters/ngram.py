@@ -67,7 +67,6 @@ class _Trie:
         self.tokens, self.parents, self.depths = [root], [-1], [0]
         self.children: list[dict[int, int]] = [{}]  # token -> first child with that token
         self.num_children = [0]  # filler may repeat a token, so counted apart
-        self._open = 0  # nodes before this one can take no more children
         self.real = 1  # nodes drafted before pad()'s filler
 
     @property
@@ -105,15 +104,15 @@ class _Trie:
         return self._add(parent, token)
 
     def pad(self, filler: int) -> None:
-        """Fill up to verify_tokens nodes, breadth first (a depth-steps top-k tree always has room)."""
+        """Fill up to verify_tokens nodes with `filler`: nodes past `real`, which no verifier tries (they only keep
+        the tree's shape [N]). A chain's filler continues the chain (so it verifies as one); a tree's hangs under
+        the root (one list extend, not a walk for an open node per filler)."""
         self.real = len(self.tokens)
-        while not self.full:
-            while self._is_closed(self._open):
-                self._open += 1
-            self._add(self._open, filler)
-
-    def _is_closed(self, node: int) -> bool:
-        return self.depths[node] >= self.strategy.steps or self.num_children[node] >= self.strategy.topk
+        missing = self.strategy.verify_tokens - self.real
+        chain = self.strategy.topk == 1
+        self.tokens += [filler] * missing
+        self.parents += list(range(self.real - 1, self.real - 1 + missing)) if chain else [0] * missing
+        self.depths += list(range(self.real, self.real + missing)) if chain else [1] * missing
 
 
 class NgramDrafter(Drafter):

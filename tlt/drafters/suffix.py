@@ -9,13 +9,14 @@ responses share long spans. This drafter matches the end of a row's context agai
   (d) earlier responses to the same prompt, from previous generate() calls (steps), kept across calls and
       weight updates,
 
-and drafts the continuation the trees have seen most often (a chain, or a tree when topk > 1), as long as the
-match allows (the draft length follows the match length: at most `spec_factor` x the matched tokens, and only
-tokens whose path the history followed at least `min_token_prob` of the time), padded to the strategy's node
-count with filler. The tree says how many nodes each row drafted (`DraftTree.real`), so the native engine verifies
-only those: as wide as the longest draft of the step, the target computing the drafted nodes only, and a plain
-step when no row drafted anything. Drafts are deterministic, so the engine verifies them with the target-only
-rule and SD stays lossless.
+and drafts the continuation the trees have seen most often (a chain), or when topk > 1 a tree of the most frequent
+continuations (arctic's best-first expansion up to the strategy's node count, then cut to its depth and width), as
+far as the match allows (the draft follows the match length: at most `spec_factor` x the matched tokens, nodes for
+a tree, and only tokens whose path the history followed at least `min_token_prob` of the time), padded to the
+strategy's node count with filler. The tree says how many nodes each row drafted (`DraftTree.real`), so the native
+engine verifies only those: as wide as the longest draft of the step, the target computing the drafted nodes only,
+and a plain step when no row drafted anything. Drafts are deterministic, so the engine verifies them with the
+target-only rule and SD stays lossless.
 
 The index is arctic-inference's C++ `SuffixTree` (the suffix trees of the suffix-decoding library vLLM uses;
 microseconds per row and step). Per distinct prompt (keyed by its token ids) two trees: one over the prompt (a),
@@ -217,9 +218,9 @@ class SuffixDrafter(Drafter):
     def _row_tree(self, row: _Row, strategy: SpecStrategy) -> tuple[list[int], list[int], int, float]:
         """(tokens, parents, drafted nodes with the root, score) of the row's draft: arctic's chain or tree, cut
         to the strategy, then filler."""
-        draft = row.history.speculate(
-            row.context, strategy.steps, self.spec_factor, self.min_token_prob, strategy.topk > 1
-        )
+        tree = strategy.topk > 1  # a tree's node budget is the strategy's nodes; the trie cuts it to its shape
+        budget = strategy.verify_tokens - 1 if tree else strategy.steps
+        draft = row.history.speculate(row.context, budget, self.spec_factor, self.min_token_prob, tree)
         root, N = row.context[-1], strategy.verify_tokens
         if strategy.topk == 1:  # a chain: no tree bookkeeping
             kept = draft.token_ids[: min(strategy.steps, N - 1)]
@@ -231,7 +232,8 @@ class SuffixDrafter(Drafter):
             under = 0 if parent < 0 else nodes[parent]
             nodes.append(None if under is None else trie.attach(under, token))
         trie.pad(root)
-        return trie.tokens, trie.parents, trie.real, draft.score
+        score = sum(p for p, node in zip(draft.probs, nodes, strict=True) if node is not None)  # of the kept nodes
+        return trie.tokens, trie.parents, trie.real, score
 
     def for_engine(self) -> SuffixDrafter:
         return self  # its history is what the engine feeds it (Drafter.for_engine)
