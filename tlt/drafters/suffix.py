@@ -41,7 +41,7 @@ import torch
 
 from tlt.drafters import read_drafter_json, save_folder
 from tlt.drafters.base import Drafter
-from tlt.drafters.ngram import _Trie
+from tlt.drafters.ngram import _Trie, host_tensor
 from tlt.speculative.strategy import SpecStrategy
 from tlt.speculative.tree import DraftTree
 
@@ -211,7 +211,7 @@ class SuffixDrafter(Drafter):
         the history continued that way (arctic's score; for a chain, the expected accepted length when the
         history's frequencies are the target's probabilities)."""
         rows = [self._row_tree(row, strategy) for row in self.rows]
-        both = torch.tensor([[row[0] for row in rows], [row[1] for row in rows]], device=self.device)
+        both = host_tensor([[row[0] for row in rows], [row[1] for row in rows]], self.device)
         tree = DraftTree(tokens=both[0], parents=both[1], real=[row[2] for row in rows])  # one host copy
         return tree, [row[3] for row in rows]
 
