@@ -27,10 +27,11 @@ MAIN_JOB = [RESULTS / f"quickstart_deep_v2/seed{s}/speedup.json" for s in range(
 MAIN_JOB_CMD = (
     "`make quickstart` in a fresh clone (seed 0); `tlt train configs/quickstart.yaml seed=N output_dir=runs/qs-N`"
 )
-SD_BENCH = RESULTS / "bench_sd_deep_v1_amd.json"
+SD_BENCH = RESULTS / "bench_sd_deep_v2/results.json"
 SD_BENCH_CMD = (
-    "`python -m tlt.eval.bench.sd.cli --target tlt/assets/deep_v1/policy --eagle tlt/assets/deep_v1/drafter --no-ngram "
-    "--batch-sizes 1,4,16 --strategies 3_1_4,5_1_6 --temperatures 1.0 --max-new-tokens 64 --repeats 2`"
+    "`python -m tlt.eval.bench.sd.cli --target tlt/assets/deep_v2/policy --eagle tlt/assets/deep_v2/drafter --no-ngram "
+    "--batch-sizes 1,4,16 --strategies 3_1_4,5_1_6,7_1_8 --temperatures 1.0 --hf-batch-sizes '' --max-new-tokens 64 "
+    "--min-prompts 8 --repeats 3 --out DIR`"
 )
 DRIFT = RESULTS / "drift_deep_v1_online_lr_1e-4.json"
 DRIFT_CMD = (
@@ -73,7 +74,7 @@ PEER = RESULTS / "peer_trl_deep_v1/peer_trl.json"
 PEER_CMD = "`python -m eval.peer_trl --config configs/quickstart.yaml --steps 4 --warmup 1 --rounds 3 --out DIR`"
 GRAPHS = RESULTS / "graphs_cpu/graphs.json"
 GRAPHS_CMD = (
-    "`python -m eval.bench_graphs --target tlt/assets/deep_v1/policy --drafter tlt/assets/deep_v1/drafter "
+    "`python -m eval.bench_graphs --target tlt/assets/deep_v2/policy --drafter tlt/assets/deep_v2/drafter "
     "--batches 1,4,16 --new-tokens 64 --rounds 3 --device cpu --out eval/results/graphs_cpu`"
 )
 
