@@ -55,6 +55,8 @@ CASES = {
     "small_lm": (lambda m: SmallLMDrafter(_model(seed=2)), "3_1_4", "tree"),
     "ngram": (lambda m: NgramDrafter(3, 1), "3_1_4", "tree"),
     "suffix": (lambda m: SuffixDrafter(), "3_1_4", "tree"),  # drafts from the other rows of the same prompt
+    # several continuations per node, as many nodes as the history holds (filler past them, under the root)
+    "suffix_tree": (lambda m: SuffixDrafter(spec_factor=8.0, min_token_prob=0.0), "2_3_8", "tree"),
     # EAGLE's sampled chains on some rows, suffix chains (q one-hot) on others, in one verify
     "composed": (lambda m: ComposedDrafter(_distilled_eagle(m).clone(), SuffixDrafter()), "3_1_4", "chain"),
 }
