@@ -1,5 +1,5 @@
-"""eval.bench_ragged and eval.bench_suffix: report arithmetic, and the committed reports render from their raw
-data."""
+"""eval.bench_ragged, eval.bench_suffix and eval.bench_suffix_b1: report arithmetic, and the committed reports
+render from their raw data."""
 
 import json
 import random
@@ -12,20 +12,35 @@ from hypothesis import strategies as st
 from eval.bench_ragged import _bucket, summarize, table
 from eval.bench_suffix import accepted_length, hindsight, replay, summary
 from eval.bench_suffix import table as suffix_table
+from eval.bench_suffix_b1 import summarize as b1_summarize
+from eval.bench_suffix_b1 import table as b1_table
 from tlt.drafters.suffix import SuffixDrafter
 from tlt.speculative.strategy import SpecStrategy
 
 RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
 
 
-@pytest.mark.parametrize(("folder", "name", "render"), [("ragged_tiny", "ragged", table)])
+@pytest.mark.parametrize(
+    ("folder", "name", "render"),
+    [
+        ("ragged_tiny", "ragged", table),
+        ("suffix_b1_tiny", "suffix_b1", b1_table),
+        ("suffix_b1_deep_v2", "suffix_b1", b1_table),
+    ],
+)
 def test_the_committed_report_renders_from_its_json(folder, name, render):
     report = json.loads((RESULTS / folder / f"{name}.json").read_text())
     assert render(report) == (RESULTS / folder / f"{name}.md").read_text()
 
 
 def test_the_committed_suffix_reports_render_from_their_json():
-    for folder in ("suffix_deep_v2", "suffix_deep_v2_tree", "suffix_tiny"):
+    for folder in (
+        "suffix_deep_v2",
+        "suffix_deep_v2_tree",
+        "suffix_deep_v2_tree256",
+        "suffix_tiny",
+        "suffix_tiny_tree256",
+    ):
         report = json.loads((RESULTS / folder / "suffix.json").read_text())
         assert suffix_table(report) == (RESULTS / folder / "suffix.md").read_text()
 
@@ -120,3 +135,19 @@ def test_no_suffix_draft_beats_the_hindsight_bound_on_repetitive_rollouts():
         drafted = summary(*replay(drafter, prompts, passes[p], 4, strategy)[:2], passes[p], 4)["tokens_per_verify"]
         bound = summary(hindsight(prompts, passes[:p], passes[p], 4, 6, 1), [], passes[p], 4)["tokens_per_verify"]
         assert 1.5 < drafted <= bound  # the drafter does accept here, and never more than the bound
+
+
+def test_batch_one_arms_sum_over_rounds_and_compare_with_plain_per_round():
+    def run(seconds, tokens, sd_steps=0, sd_tokens=0, drafted=0):
+        return {"seconds": seconds, "tokens": tokens, "sd_steps": sd_steps, "sd_tokens": sd_tokens, "drafted": drafted}
+
+    rounds = [
+        {"plain": run(1.0, 100), "chain": run(0.5, 100, 40, 80, 120)},
+        {"plain": run(2.0, 100), "chain": run(2.0, 100, 60, 120, 180)},
+    ]
+    rows = {r["arm"]: r for r in b1_summarize({"rounds": rounds, "arms": {"chain": ("5_1_6", 1.0, 0.1)}})}
+    chain = rows["chain"]
+    assert chain["tokens_per_second"] == 200 / 2.5 and chain["strategy"] == "5_1_6"
+    assert chain["ratio_median"] == (2.0 + 1.0) / 2 and chain["ratio_range"] == (1.0, 2.0)
+    assert chain["tokens_per_sd_step"] == 2.0 and chain["drafted_per_sd_step"] == 3.0
+    assert rows["plain"]["ratio_median"] == 1.0 and rows["plain"]["tokens_per_sd_step"] == 0

@@ -1,0 +1,164 @@
+"""The suffix drafter's chains against its trees at batch 1 (the long tail's last row), on prompts seen before.
+
+`eval.bench_suffix` counts tokens per verify; this measures what they buy through the engine where SD pays most,
+one row decoding alone: each prompt's first pass (`--samples` samples, seed 1) is the history, then every arm
+decodes each prompt alone at T = 1 with SD at its strategy on every step (or plainly), a fresh drafter per arm
+restored from that history. Arms take turns in rotated order over `--rounds` rounds; within a round every arm
+decodes the same prompts with the same seeds (lossless SD keeps the distribution, not the draws, so the arms'
+responses differ). Reported per arm: tokens/s over all rounds, the median (min-max) over rounds of its tokens/s
+over plain decoding's, tokens per SD step (accepted + 1) and drafted nodes per SD step.
+
+  OMP_NUM_THREADS=1 python -m eval.bench_suffix_b1 --target runs/tiny/model --out eval/results/suffix_b1_tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from tlt.backends.base import SamplingParams
+from tlt.backends.native import NativeEngine
+from tlt.drafters.suffix import SuffixDrafter
+from tlt.eval.bench.passes import sd_sums
+from tlt.eval.heldout import heldout_prompt_ids
+from tlt.files import write_report
+from tlt.machine import describe_machine
+from tlt.models.io import load_hf_folder
+from tlt.schedulers.tuners.base import FixedTuner
+
+# name -> (strategy, spec_factor, min_token_prob): chains as the RL configs run them, and trees that draft more of
+# what the history saw
+ARMS = {
+    "chain_5": ("5_1_6", 1.0, 0.1),
+    "chain_15": ("15_1_16", 2.0, 0.1),
+    "tree_7_4_32": ("7_4_32", 4.0, 0.05),
+    "tree_15_4_64": ("15_4_64", 8.0, 0.02),
+}
+
+
+def _args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", required=True, help="HF folder of the policy")
+    parser.add_argument("--prompts", type=int, default=12, help="held-out prompts")
+    parser.add_argument("--samples", type=int, default=8, help="first-pass samples per prompt (the history)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", required=True)
+    return parser.parse_args(argv)
+
+
+def _engine(arm: str, model, eos: int, max_seq_len: int, history: list[dict]) -> NativeEngine:
+    if arm == "plain":
+        return NativeEngine(model, eos, max_seq_len)
+    strategy, factor, min_prob = ARMS[arm]
+    drafter = SuffixDrafter(spec_factor=factor, min_token_prob=min_prob)
+    drafter.restore(history)
+    tuner = FixedTuner(strategy, threshold=1 << 30)
+    return NativeEngine(model, eos, max_seq_len, tuner=tuner, drafter=drafter)
+
+
+def _decode(engine: NativeEngine, prompts, max_new_tokens: int, seed: int) -> dict:
+    """Each prompt alone; sums over them."""
+    result = dict.fromkeys(("seconds", "tokens", "sd_steps", "sd_verifies", "accepted", "drafted", "sd_tokens"), 0)
+    for i, prompt in enumerate(prompts):
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed + i)
+        start = time.perf_counter()
+        rollout = engine.generate([prompt], sampling)[0]
+        result["seconds"] += time.perf_counter() - start
+        result["tokens"] += rollout.token_ids.numel()
+        result["sd_steps"] += sum(s.sd_on for s in engine.step_stats)
+        for key, value in sd_sums(engine.step_stats).items():
+            result[key] += value
+    return result
+
+
+def run(args) -> dict:
+    model, tokenizer = load_hf_folder(args.target)
+    prompts = heldout_prompt_ids(tokenizer, args.prompts)
+    eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens
+    first = NativeEngine(model, eos, max_seq_len).generate(
+        prompts, SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=1), n=args.samples
+    )
+    history = [
+        {"prompt": p, "responses": [r.token_ids.tolist() for r in first[i * args.samples : (i + 1) * args.samples]]}
+        for i, p in enumerate(prompts)
+    ]
+    names = ["plain", *ARMS]
+    rounds = []
+    for round_ in range(args.rounds):
+        shift = round_ % len(names)
+        results = {}
+        for arm in names[shift:] + names[:shift]:
+            engine = _engine(arm, model, eos, max_seq_len, history)
+            results[arm] = _decode(engine, prompts, args.max_new_tokens, seed=1000 * (round_ + 1))
+            r = results[arm]
+            print(f"[bench_suffix_b1] round {round_ + 1}/{args.rounds} {arm}: {r['tokens']} tokens in "
+                  f"{r['seconds']:.1f} s", file=sys.stderr)  # fmt: skip
+        rounds.append(results)
+    return {"machine": describe_machine(), "settings": vars(args), "arms": ARMS, "rounds": rounds}
+
+
+def summarize(report: dict) -> list[dict]:
+    rounds = report["rounds"]
+    plain = [r["plain"]["tokens"] / r["plain"]["seconds"] for r in rounds]
+    rows = []
+    for arm in ["plain", *report["arms"]]:
+        runs = [r[arm] for r in rounds]
+        rates = [x["tokens"] / x["seconds"] for x in runs]
+        ratios = [rate / base for rate, base in zip(rates, plain, strict=True)]
+        sd_steps = sum(x["sd_steps"] for x in runs)
+        rows.append(
+            {
+                "arm": arm,
+                "strategy": "-" if arm == "plain" else report["arms"][arm][0],
+                "tokens_per_second": sum(x["tokens"] for x in runs) / sum(x["seconds"] for x in runs),
+                "ratio_median": statistics.median(ratios),
+                "ratio_range": (min(ratios), max(ratios)),
+                "tokens_per_sd_step": sum(x["sd_tokens"] for x in runs) / max(sd_steps, 1),
+                "drafted_per_sd_step": sum(x["drafted"] for x in runs) / max(sd_steps, 1),
+            }
+        )
+    return rows
+
+
+def table(report: dict) -> str:
+    s, m = report["settings"], report["machine"]
+    arms = "; ".join(
+        f"`{name}`: {a[0]}, spec factor {a[1]:g}, min token prob {a[2]:g}" for name, a in report["arms"].items()
+    )
+    target = "/".join(Path(s["target"]).parts[-2:])
+    lines = [
+        f"# The suffix drafter at batch 1 on prompts seen before: chains against trees ({target})",
+        "",
+        f"{s['prompts']} held-out prompts, history: {s['samples']} first-pass samples each (seed 1); then each prompt "
+        f"decoded alone, T = 1, up to {s['max_new_tokens']} tokens, SD on every step. Arms ({arms}) in rotated order "
+        f"over {s['rounds']} rounds, the same seeds for every arm within a round. Machine: {m.get('cpu_model')}, torch "
+        f"threads {m.get('torch_threads')}. Written by eval/bench_suffix_b1.py from suffix_b1.json.",
+        "",
+        "| arm | strategy | tokens/s | vs plain, per round: median (min-max) | tokens per SD step | "
+        "drafted per SD step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in summarize(report):
+        low, high = r["ratio_range"]
+        lines.append(
+            f"| {r['arm']} | {r['strategy']} | {r['tokens_per_second']:.0f} | {r['ratio_median']:.2f}x "
+            f"({low:.2f}-{high:.2f}x) | {r['tokens_per_sd_step']:.2f} | {r['drafted_per_sd_step']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    args = _args(argv)
+    torch.set_num_threads(1)
+    print(write_report(Path(args.out) / "suffix_b1.md", run(args), table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
