@@ -8,11 +8,12 @@ import torch
 
 from tlt.drafters.eagle import EagleDrafter
 from tlt.drafters.small_lm import SmallLMDrafter
+from tlt.eval.bench.sd import runs
 from tlt.eval.bench.sd.cli import build_parser, main, settings_from_args
 from tlt.eval.bench.sd.costs import speedup_bound
 from tlt.eval.bench.sd.report import first_mismatch
-from tlt.eval.bench.sd.runs import post_eos_share, prompt_batches
-from tlt.eval.bench.sd.settings import plan_cells
+from tlt.eval.bench.sd.runs import RunOutput, measure_cells, post_eos_share, prompt_batches
+from tlt.eval.bench.sd.settings import NATIVE, BenchSettings, Cell, plan_cells
 from tlt.models.io import save_hf_folder
 from tlt.models.presets import build_model
 from tlt.models.tokenizer import train_tokenizer
@@ -94,3 +95,25 @@ def test_speedup_bound():
     # 3 tokens per verify; verify costs 2 plain steps, drafting 1 more: 3 * 1 / (2 + 1) = 1
     assert speedup_bound(3.0, t_plain=1.0, t_verify=2.0, propose_seconds=1.0) == 1.0
     assert speedup_bound(4.0, t_plain=0.01, t_verify=0.015, propose_seconds=0.005) == pytest.approx(2.0)
+
+
+def test_cells_take_turns_round_by_round_after_their_warm_ups(monkeypatch):
+    """Each cell warms up when built; then every round runs every cell once, in an order rotated by the round, and
+    each cell's medians come from its own timed runs."""
+    calls = []
+
+    def runner(work, cell, settings):
+        def run():
+            calls.append(cell.batch_size)
+            return RunOutput(float(cell.batch_size * (len(calls) + 1)), [[1, 2, 3]], [])
+
+        return run
+
+    monkeypatch.setitem(runs.RUNNERS, NATIVE, runner)
+    cells = [Cell(NATIVE, b) for b in (1, 2, 4)]
+    settings = BenchSettings(target="t", out="o", warmup=1, repeats=3)
+    work = type("Work", (), {"tokenizer": type("Tok", (), {"eos_token_id": None})()})()
+    results = measure_cells(work, cells, settings)
+    assert calls == [1, 2, 4] + [1, 2, 4] + [2, 4, 1] + [4, 1, 2]
+    assert [results[c].seconds for c in cells] == [[5.0, 10.0, 12.0], [12.0, 16.0, 26.0], [28.0, 36.0, 44.0]]
+    assert all(r.deterministic and r.generated_tokens == 3 for r in results.values())

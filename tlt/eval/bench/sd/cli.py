@@ -36,7 +36,7 @@ import transformers
 from tlt.eval.bench.sd.costs import ForwardCost, measure_costs
 from tlt.eval.bench.sd.render import markdown, plot_speedup
 from tlt.eval.bench.sd.report import best_rows, peer_rows, sd_rows
-from tlt.eval.bench.sd.runs import CellResult, Workload, load_workload, measure_cell
+from tlt.eval.bench.sd.runs import CellResult, Workload, load_workload, measure_cell, measure_cells
 from tlt.eval.bench.sd.settings import HF_ASSISTANT, BenchSettings, Cell, plan_cells
 from tlt.files import atomic_write_json, write_report
 from tlt.machine import describe_machine
@@ -124,13 +124,18 @@ def _progress(index: int, total: int, result: CellResult, plain: CellResult | No
 
 
 def run_cells(work: Workload, cells: list[Cell], settings: BenchSettings) -> dict[Cell, CellResult]:
-    """Measure every cell in order (in this process, or each in a fresh one with --isolate)."""
+    """Measure every cell: in this process round by round (`measure_cells`), or with --isolate each in a fresh
+    process, one after another."""
+    if not settings.isolate:
+        results = measure_cells(work, cells, settings, lambda line: print(f"[bench_sd] {line}", file=sys.stderr))
+        for i, result in enumerate(results.values(), 1):  # elapsed: the cell's timed runs
+            _progress(i, len(cells), result, results.get(result.cell.plain()), sum(result.seconds))
+        return results
     results = {}
     for i, cell in enumerate(cells, 1):
         start = time.perf_counter()
-        result = run_isolated(work, cell, settings) if settings.isolate else measure_cell(work, cell, settings)
-        results[cell] = result
-        _progress(i, len(cells), result, results.get(cell.plain()), time.perf_counter() - start)
+        results[cell] = run_isolated(work, cell, settings)
+        _progress(i, len(cells), results[cell], results.get(cell.plain()), time.perf_counter() - start)
     return results
 
 

@@ -56,7 +56,8 @@ def _header(payload: dict) -> list[str]:
         f"- target: `{s['target']}`; drafters: {drafters}",
         f"- {payload['num_prompts']} held-out prompts (mean {payload['mean_prompt_tokens']:.0f} tokens), "
         f"max_new_tokens {s['max_new_tokens']}, stop at EOS: {s['stop_at_eos']}, at least {s['min_prompts']} "
-        f"prompts per cell, {s['repeats']} timed runs (median) after {s['warmup']} warm-up",
+        f"prompts per cell, {s['repeats']} timed runs (median) after {s['warmup']} warm-up"
+        + (", each cell in a fresh process" if s.get("isolate") else ", the cells taking turns run by run"),
         f"- greedy identity (SD == plain, token for token): **{verdict}** "
         f"({payload['identity']['checked']} configurations checked)",
         "",

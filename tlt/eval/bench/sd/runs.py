@@ -1,7 +1,10 @@
 """Running one benchmark cell: the shared workload, the native and HF runners, and the per-cell summary.
 
-A cell decodes ceil(min_prompts / b) batches of b distinct held-out prompts back to back (one response each),
-`warmup` untimed times and then `repeats` timed times on one engine; the median timed run is reported.
+A cell decodes ceil(min_prompts / b) batches of b distinct held-out prompts back to back (one response each) on one
+engine: `warmup` untimed times, then `repeats` timed times; the median timed run is reported. `measure_cells` times
+the cells round by round (every cell once per round, the order rotated each round), so the machine's speed drifting
+over the benchmark slows every cell alike instead of whichever ran late; `measure_cell` times one cell alone (the
+--isolate child, which measures one configuration's memory footprint in a fresh process).
 """
 
 from __future__ import annotations
@@ -279,10 +282,34 @@ class CellResult:
 
 
 def measure_cell(work: Workload, cell: Cell, settings: BenchSettings) -> CellResult:
+    """One cell alone: its runs back to back; memory over the whole cell."""
     with PeakMemory() as memory:
         run = RUNNERS[cell.engine](work, cell, settings)
         runs = [run() for _ in range(settings.warmup + settings.repeats)]
-    timed = runs[settings.warmup :]
+    return cell_result(work, cell, runs[: settings.warmup], runs[settings.warmup :], memory.to_dict())
+
+
+def measure_cells(
+    work: Workload, cells: list[Cell], settings: BenchSettings, progress: Callable[[str], None] = lambda line: None
+) -> dict[Cell, CellResult]:
+    """Every cell built and warmed up in turn (memory over that part), then `repeats` rounds that run every cell once,
+    in an order rotated by the round."""
+    prepared = {}
+    for cell in cells:
+        with PeakMemory() as memory:
+            run = RUNNERS[cell.engine](work, cell, settings)
+            warm = [run() for _ in range(settings.warmup)]
+        prepared[cell] = (run, warm, memory.to_dict())
+    timed: dict[Cell, list[RunOutput]] = {cell: [] for cell in cells}
+    for round_ in range(settings.repeats):
+        shift = round_ % len(cells)
+        for cell in cells[shift:] + cells[:shift]:
+            timed[cell].append(prepared[cell][0]())
+        progress(f"round {round_ + 1}/{settings.repeats}: {sum(r[-1].seconds for r in timed.values()):.1f} s")
+    return {cell: cell_result(work, cell, prepared[cell][1], timed[cell], prepared[cell][2]) for cell in cells}
+
+
+def cell_result(work: Workload, cell: Cell, warm: list[RunOutput], timed: list[RunOutput], memory: dict) -> CellResult:
     first = timed[0]
     sd = [s for s in first.steps if s.sd_on]
     rows = sum(s.running_batch for s in sd)
@@ -297,8 +324,8 @@ def measure_cell(work: Workload, cell: Cell, settings: BenchSettings) -> CellRes
         accepted_per_verify=sum(s.accepted_tokens for s in sd) / rows if rows else None,
         propose_seconds=statistics.median(draft) if draft else None,
         post_eos_share=post_eos_share(first.outputs, work.tokenizer.eos_token_id),
-        deterministic=all(r.outputs == first.outputs for r in runs),
-        memory=memory.to_dict(),
+        deterministic=all(r.outputs == first.outputs for r in warm + timed),
+        memory=memory,
         outputs=first.outputs,
     )
 
