@@ -4,7 +4,10 @@ the rank that finished its share early trains the drafter during the other's rol
 every rank's state; the data-parallel policy update equals one process's update over the same rollouts."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -255,3 +258,25 @@ def test_a_suffix_drafters_history_holds_every_ranks_responses(config, tmp_path)
     history = load_drafter(tmp_path / "run" / "checkpoint" / "drafter").history()
     assert sum(len(h["responses"]) for h in history) == 2 * 2 * 4
     assert len(history) == 2 * 2  # the 4 prompts of the 2 steps (each rank drew 1 per step)
+
+
+def _torchrun(config, out, *overrides) -> subprocess.CompletedProcess:  # noqa: F811
+    """`torchrun --standalone --nproc-per-node 2 -m tlt.cli train CONFIG ...`, as the docs start a multi-GPU run."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "tlt.cli"]
+    command += ["train", str(config), *overrides, "--output-dir", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
+
+
+def test_tlt_train_under_torchrun_runs_as_ranks_of_that_job(config, tmp_path):  # noqa: F811
+    """Under torchrun each process is one gloo rank of the launcher's job (not spawning its own): rank 0 writes the
+    summary and one metrics row per step, and the ranks end with identical replicas; train.devices other than 1
+    or WORLD_SIZE stops every rank with the key named."""
+    out = tmp_path / "run"
+    done = _torchrun(config, out, "grpo.steps=1", "scheduler.policy=between_steps")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["devices"] == 2 and summary["replicas_identical"] is True
+    assert len((out / "metrics.csv").read_text().splitlines()) == 2  # header + one step
+    bad = _torchrun(config, tmp_path / "bad", "grpo.steps=1", "train.devices=3")
+    assert bad.returncode != 0 and "train.devices" in bad.stderr and "WORLD_SIZE=2" in bad.stderr
