@@ -33,7 +33,7 @@ SD_BENCH_CMD = (
     "--batch-sizes 1,4,16 --strategies 3_1_4,5_1_6,7_1_8 --temperatures 1.0 --hf-batch-sizes '' --max-new-tokens 64 "
     "--min-prompts 8 --repeats 3 --out DIR`"
 )
-DRIFT = RESULTS / "drift_deep_v1_online_lr_1e-4.json"
+DRIFT = RESULTS / "drift_deep_v2_online_lr_1e-4/drift.json"
 DRIFT_CMD = (
     "`python -m eval.drift --steps 16 --temperature 1.0 --out DIR train.devices=1 scheduler.policy=between_steps "
     "scheduler.between_steps_budget=2 drafter.online_lr=1e-4`"
