@@ -16,7 +16,8 @@ NOTES = [
     "the forward, so '% of bound' shows how much of the forward-cost ideal the engine reaches.",
     "mem = growth of resident memory during the cell (its peak RSS minus the RSS at its start; method in "
     "the JSON); peak RSS = the whole process's peak during the cell (Python, torch, every loaded model). "
-    "Without --isolate all cells share one process, so memory held from earlier cells is reused without "
+    "Without --isolate all cells share one process (mem and peak RSS are then taken while the cell is built "
+    "and warms up, before the cells take turns), so memory held from earlier cells is reused without "
     "showing: mem is then a lower bound of what the configuration adds, not its footprint. With --isolate "
     "each cell runs in a fresh process that loads the target and only the drafter the cell uses, so peak "
     "RSS is that configuration's footprint including the runtime.",
