@@ -30,15 +30,18 @@ from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners.base import FixedTuner
+from tlt.speculative.strategy import SpecStrategy
 
 # name -> (strategy, spec_factor, min_token_prob): chains as the RL configs run them, and trees that draft more of
-# what the history saw
+# what the history saw (the widest, 256 nodes, reaches 2.5 tokens per verify a pass later on the tiny policy)
 ARMS = {
     "chain_5": ("5_1_6", 1.0, 0.1),
     "chain_15": ("15_1_16", 2.0, 0.1),
     "tree_7_4_32": ("7_4_32", 4.0, 0.05),
     "tree_15_4_64": ("15_4_64", 8.0, 0.02),
+    "tree_31_8_256": ("31_8_256", 16.0, 0.0),
 }
+DEFAULT_ARMS = "chain_5,chain_15,tree_7_4_32,tree_15_4_64"
 
 
 def _args(argv):
@@ -48,18 +51,24 @@ def _args(argv):
     parser.add_argument("--samples", type=int, default=8, help="first-pass samples per prompt (the history)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--arms", default=DEFAULT_ARMS, help=f"SD arms besides plain, of: {', '.join(ARMS)}")
+    parser.add_argument("--device", default="cpu", help="the engine's device (cpu, cuda)")
     parser.add_argument("--out", required=True)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    unknown = [a for a in args.arms.split(",") if a not in ARMS]
+    if unknown:
+        parser.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+    return args
 
 
-def _engine(arm: str, model, eos: int, max_seq_len: int, history: list[dict]) -> NativeEngine:
+def _engine(arm: str, model, eos: int, max_seq_len: int, history: list[dict], device: str) -> NativeEngine:
     if arm == "plain":
-        return NativeEngine(model, eos, max_seq_len)
+        return NativeEngine(model, eos, max_seq_len, device=device)
     strategy, factor, min_prob = ARMS[arm]
     drafter = SuffixDrafter(spec_factor=factor, min_token_prob=min_prob)
     drafter.restore(history)
     tuner = FixedTuner(strategy, threshold=1 << 30)
-    return NativeEngine(model, eos, max_seq_len, tuner=tuner, drafter=drafter)
+    return NativeEngine(model, eos, max_seq_len, tuner=tuner, drafter=drafter, device=device)
 
 
 def _decode(engine: NativeEngine, prompts, max_new_tokens: int, seed: int) -> dict:
@@ -80,34 +89,43 @@ def _decode(engine: NativeEngine, prompts, max_new_tokens: int, seed: int) -> di
 def run(args) -> dict:
     model, tokenizer = load_hf_folder(args.target)
     prompts = heldout_prompt_ids(tokenizer, args.prompts)
-    eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens
-    first = NativeEngine(model, eos, max_seq_len).generate(
+    names = ["plain", *args.arms.split(",")]
+    # room for the widest tree on top of the longest response (the engine decodes plainly where a tree would not fit)
+    widest = max(SpecStrategy.parse(ARMS[name][0]).verify_tokens for name in names[1:])
+    eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + widest
+    first = NativeEngine(model, eos, max_seq_len, device=args.device).generate(
         prompts, SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=1), n=args.samples
     )
     history = [
         {"prompt": p, "responses": [r.token_ids.tolist() for r in first[i * args.samples : (i + 1) * args.samples]]}
         for i, p in enumerate(prompts)
     ]
-    names = ["plain", *ARMS]
     rounds = []
     for round_ in range(args.rounds):
         shift = round_ % len(names)
         results = {}
         for arm in names[shift:] + names[:shift]:
-            engine = _engine(arm, model, eos, max_seq_len, history)
+            engine = _engine(arm, model, eos, max_seq_len, history, args.device)
             results[arm] = _decode(engine, prompts, args.max_new_tokens, seed=1000 * (round_ + 1))
             r = results[arm]
             print(f"[bench_suffix_b1] round {round_ + 1}/{args.rounds} {arm}: {r['tokens']} tokens in "
                   f"{r['seconds']:.1f} s", file=sys.stderr)  # fmt: skip
         rounds.append(results)
-    return {"machine": describe_machine(), "settings": vars(args), "arms": ARMS, "rounds": rounds}
+    arms = {name: ARMS[name] for name in names[1:]}
+    return {"machine": describe_machine(), "settings": vars(args), "arms": arms, "rounds": rounds}
+
+
+def _arm_names(report: dict) -> list[str]:
+    """The SD arms in the order they were given (the JSON stores `arms` with sorted keys)."""
+    given = report.get("settings", {}).get("arms")
+    return given.split(",") if given else list(report["arms"])
 
 
 def summarize(report: dict) -> list[dict]:
     rounds = report["rounds"]
     plain = [r["plain"]["tokens"] / r["plain"]["seconds"] for r in rounds]
     rows = []
-    for arm in ["plain", *report["arms"]]:
+    for arm in ["plain", *_arm_names(report)]:
         runs = [r[arm] for r in rounds]
         rates = [x["tokens"] / x["seconds"] for x in runs]
         ratios = [rate / base for rate, base in zip(rates, plain, strict=True)]
@@ -129,15 +147,18 @@ def summarize(report: dict) -> list[dict]:
 def table(report: dict) -> str:
     s, m = report["settings"], report["machine"]
     arms = "; ".join(
-        f"`{name}`: {a[0]}, spec factor {a[1]:g}, min token prob {a[2]:g}" for name, a in report["arms"].items()
+        f"`{name}`: {a[0]}, spec factor {a[1]:g}, min token prob {a[2]:g}"
+        for name, a in ((name, report["arms"][name]) for name in _arm_names(report))
     )
     target = "/".join(Path(s["target"]).parts[-2:])
+    device = s.get("device", "cpu")
+    machine = m.get("cpu_model") if device == "cpu" else f"{m.get('gpu')} ({device}), host {m.get('cpu_model')}"
     lines = [
         f"# The suffix drafter at batch 1 on prompts seen before: chains against trees ({target})",
         "",
         f"{s['prompts']} held-out prompts, history: {s['samples']} first-pass samples each (seed 1); then each prompt "
         f"decoded alone, T = 1, up to {s['max_new_tokens']} tokens, SD on every step. Arms ({arms}) in rotated order "
-        f"over {s['rounds']} rounds, the same seeds for every arm within a round. Machine: {m.get('cpu_model')}, torch "
+        f"over {s['rounds']} rounds, the same seeds for every arm within a round. Machine: {machine}, torch "
         f"threads {m.get('torch_threads')}. Written by eval/bench_suffix_b1.py from suffix_b1.json.",
         "",
         "| arm | strategy | tokens/s | vs plain, per round: median (min-max) | tokens per SD step | "
