@@ -24,7 +24,7 @@ import torch
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import sd_sums
+from tlt.eval.bench.passes import rotated, sd_sums
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.files import write_report
 from tlt.machine import describe_machine
@@ -102,9 +102,8 @@ def run(args) -> dict:
     ]
     rounds = []
     for round_ in range(args.rounds):
-        shift = round_ % len(names)
         results = {}
-        for arm in names[shift:] + names[:shift]:
+        for arm in rotated(names, round_):
             engine = _engine(arm, model, eos, max_seq_len, history, args.device)
             results[arm] = _decode(engine, prompts, args.max_new_tokens, seed=1000 * (round_ + 1))
             r = results[arm]

@@ -38,6 +38,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from tlt.eval.bench.passes import rotated  # noqa: E402
 from tlt.eval.train_runs import train_metrics  # noqa: E402
 from tlt.files import atomic_write_json, write_report  # noqa: E402
 from tlt.machine import describe_machine, resolve_precision  # noqa: E402
@@ -230,10 +231,9 @@ def run(args) -> dict:
         "machine": describe_machine(),
     }
     for k in range(args.rounds):
-        shift = k % len(cells)
         results = {}
         report["rounds"].append(results)
-        for arm, p in cells[shift:] + cells[:shift]:
+        for arm, p in rotated(cells, k):
             key = f"{arm}/{p}"
             if key in report["failed"]:
                 continue

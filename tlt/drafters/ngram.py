@@ -72,8 +72,7 @@ class _Trie:
     def __init__(self, root: int, strategy: SpecStrategy):
         self.strategy = strategy
         self.tokens, self.parents, self.depths = [root], [-1], [0]
-        self.children: list[dict[int, int]] = [{}]  # token -> first child with that token
-        self.num_children = [0]  # filler may repeat a token, so counted apart
+        self.children: list[dict[int, int]] = [{}]  # token -> child with that token (filler is no child)
         self.real = 1  # nodes drafted before pad()'s filler
 
     @property
@@ -85,9 +84,7 @@ class _Trie:
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
         self.children.append({})
-        self.num_children.append(0)
-        self.num_children[parent] += 1
-        self.children[parent].setdefault(token, len(self.tokens) - 1)
+        self.children[parent][token] = len(self.tokens) - 1
         return len(self.tokens) - 1
 
     def insert(self, path: list[int]) -> None:
@@ -95,7 +92,7 @@ class _Trie:
         for token in path[: self.strategy.steps]:
             child = self.children[node].get(token)
             if child is None:
-                if self.full or self.num_children[node] >= self.strategy.topk:
+                if self.full or len(self.children[node]) >= self.strategy.topk:
                     return
                 child = self._add(node, token)
             node = child
@@ -106,20 +103,19 @@ class _Trie:
         child = self.children[parent].get(token)
         if child is not None:
             return child
-        if self.full or self.num_children[parent] >= self.strategy.topk or self.depths[parent] >= self.strategy.steps:
+        if self.full or len(self.children[parent]) >= self.strategy.topk or self.depths[parent] >= self.strategy.steps:
             return None
         return self._add(parent, token)
 
     def pad(self, filler: int) -> None:
         """Fill up to verify_tokens nodes with `filler`: nodes past `real`, which no verifier tries (they only keep
         the tree's shape [N]). A chain's filler continues the chain (so it verifies as one); a tree's hangs under
-        the root (one list extend, not a walk for an open node per filler)."""
+        the root (one list extend, not a walk for an open node per filler). The trie takes no nodes after it."""
         self.real = len(self.tokens)
         missing = self.strategy.verify_tokens - self.real
         chain = self.strategy.topk == 1
         self.tokens += [filler] * missing
         self.parents += list(range(self.real - 1, self.real - 1 + missing)) if chain else [0] * missing
-        self.depths += list(range(self.real, self.real + missing)) if chain else [1] * missing
 
 
 class NgramDrafter(Drafter):

@@ -222,7 +222,7 @@ class SuffixDrafter(Drafter):
         budget = strategy.verify_tokens - 1 if tree else strategy.steps
         draft = row.history.speculate(row.context, budget, self.spec_factor, self.min_token_prob, tree)
         root, N = row.context[-1], strategy.verify_tokens
-        if strategy.topk == 1:  # a chain: no tree bookkeeping
+        if not tree:  # a chain: no tree bookkeeping
             kept = draft.token_ids[: min(strategy.steps, N - 1)]
             tokens = [root, *kept]
             real = len(tokens)

@@ -1,13 +1,26 @@
-"""Arms compared on two passes over the same prompts, in interleaved rounds (eval/bench_composed.py,
-eval/bench_ragged.py): the round loop, and the sums a pass reports from the engine's step stats."""
+"""Arms compared in interleaved rounds: the order of a round (`rotated`, for every benchmark that takes turns), the
+two-pass round loop of eval/bench_composed.py and eval/bench_ragged.py, and the sums a pass reports from the
+engine's step stats."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from tlt.backends.base import SamplingParams
-from tlt.backends.native import NativeEngine
+
+if TYPE_CHECKING:
+    from tlt.backends.native import NativeEngine
+
+T = TypeVar("T")
+
+
+def rotated(arms: Sequence[T], round_: int) -> list[T]:
+    """The arms in round `round_`'s order: rotated by the round, so that over the rounds every arm runs in every
+    position and the machine's drift during a round slows no arm more than another."""
+    shift = round_ % len(arms)
+    return [*arms[shift:], *arms[:shift]]
 
 
 def two_pass_rounds(
@@ -23,9 +36,8 @@ def two_pass_rounds(
     Returns per round {arm: [pass 1, pass 2]}; a line per pass goes to stderr (seconds and tokens)."""
     results = []
     for round_ in range(rounds):
-        shift = round_ % len(arms)
         passes: dict[str, list[dict]] = {}
-        for arm in [*arms[shift:], *arms[:shift]]:
+        for arm in rotated(arms, round_):
             engine = make_engine(arm)
             passes[arm] = []
             for seed in (2 * round_ + 1, 2 * round_ + 2):

@@ -27,6 +27,7 @@ from tlt.config import RunConfig, load_config
 from tlt.drafters import load_drafter
 from tlt.drafters.base import Drafter
 from tlt.drafters.ngram import NgramDrafter
+from tlt.eval.bench.passes import rotated
 from tlt.eval.bench.sd.settings import HF, HF_ASSISTANT, HF_LOOKUP, NATIVE, BenchSettings, Cell
 from tlt.eval.memory import PeakMemory
 from tlt.models.io import load_hf_folder
@@ -302,8 +303,7 @@ def measure_cells(
         prepared[cell] = (run, warm, memory.to_dict())
     timed: dict[Cell, list[RunOutput]] = {cell: [] for cell in cells}
     for round_ in range(settings.repeats):
-        shift = round_ % len(cells)
-        for cell in cells[shift:] + cells[:shift]:
+        for cell in rotated(cells, round_):
             timed[cell].append(prepared[cell][0]())
         progress(f"round {round_ + 1}/{settings.repeats}: {sum(r[-1].seconds for r in timed.values()):.1f} s")
     return {cell: cell_result(work, cell, prepared[cell][1], timed[cell], prepared[cell][2]) for cell in cells}
