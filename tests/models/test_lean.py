@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tlt.models.lean import KVCache, LeanModel, attention_mask, commit_path, compact
+from tlt.models.lean import KVCache, LeanModel, Linear, attention_mask, commit_path, compact, packable
 from tlt.models.presets import build_model
 from tlt.speculative.tree import DraftTree
 
@@ -240,3 +240,53 @@ def test_packed_forward_computes_only_the_selected_tokens(qwen):
             assert not out_packed[b, n:].any()
         torch.testing.assert_close(caches[1].k[:, b, :, : 5 + n], caches[0].k[:, b, :, : 5 + n], atol=1e-5, rtol=0)
         assert not caches[1].k[:, b, :, 5 + n :].any()
+
+
+def _verify_forward(lean: LeanModel, seed: int) -> torch.Tensor:
+    """Logits [2, 4, V] of a 4-token chain after a 6-token prefix, on a fresh cache."""
+    cache = lean.allocate_cache(2, 16)
+    prefix = torch.tensor([_random_ids(6, seed), _random_ids(6, seed + 1)])
+    lean.forward(prefix, torch.arange(6).expand(2, 6), cache, torch.zeros(2, dtype=torch.long))
+    chain = torch.tensor([_random_ids(4, seed + 2), _random_ids(4, seed + 3)])
+    return lean.forward(chain, 6 + torch.arange(4).expand(2, 4), cache, torch.full((2,), 6))[1]
+
+
+@pytest.mark.parametrize("name", ["qwen", "llama"])
+def test_packed_weights_give_the_shared_weights_logits(name, request):
+    """On CPU the projections multiply by oneDNN-packed copies (one-token inputs by the shared weight itself);
+    a verify-shaped forward matches F.linear over the shared weights to float rounding."""
+    model = request.getfixturevalue(name)
+    packed, plain = LeanModel.from_hf(model), LeanModel.from_hf(model, packed=False)
+    got, want = _verify_forward(packed, 60), _verify_forward(plain, 60)
+    assert packed.layers[0].q.packed and packed.layers[0].q._copy is not None  # the packed path ran
+    assert not plain.layers[0].q.packed and plain.layers[0].q._copy is None
+    torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+
+
+def test_packed_copies_follow_in_place_weight_updates():
+    """A packed copy is remade once its weight changes in place (an optimizer step, copy_, load_state_dict), so
+    the engine never multiplies by stale weights after update_weights."""
+    model = _perturbed(build_model("test", vocab_size=64))
+    lean = LeanModel.from_hf(model)
+    before = _verify_forward(lean, 70)
+    other = _perturbed(build_model("test", vocab_size=64, seed=5))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.mul_(0.5) if "norm" in name else p.copy_(other.get_parameter(name))
+    after = _verify_forward(lean, 70)
+    want = _verify_forward(LeanModel.from_hf(model, packed=False), 70)
+    assert not torch.allclose(after, before, atol=1e-2)
+    torch.testing.assert_close(after, want, atol=ATOL, rtol=0)
+    model.load_state_dict(other.state_dict())
+    torch.testing.assert_close(
+        _verify_forward(lean, 70), _verify_forward(LeanModel.from_hf(other), 70), atol=ATOL, rtol=0
+    )
+
+
+def test_only_cpu_float_weights_are_packed():
+    assert packable(torch.zeros(4, 4)) and packable(torch.zeros(4, 4, dtype=torch.bfloat16))
+    assert not packable(torch.zeros(4, 4, dtype=torch.float16))
+    assert not packable(torch.zeros(4, 4, device="meta"))
+    half = Linear(torch.randn(3, 4, dtype=torch.float16))
+    x = torch.randn(2, 4, dtype=torch.float16)
+    assert not half.packed and torch.equal(half(x), torch.nn.functional.linear(x, half.weight))

@@ -57,6 +57,7 @@ class NativeEngine:
         truncate_prompts: str | None = None,
         draft_int8: bool = False,
         cuda_graphs: bool = False,
+        packed_weights: bool = True,
     ):
         """draft_int8: EAGLE drafters draft with an int8 copy of their head (CPU, float32 target), rebuilt at
         every set_drafter(); the output is unchanged, a draft step streams a quarter of the head's bytes.
@@ -64,7 +65,10 @@ class NativeEngine:
         attention over a multiple of 128 slots) and, on CUDA, are captured as CUDA graphs per shape and replayed
         (`native_graphs`), and so do an EAGLE drafter's consume and draft steps (`EagleDrafter.use_static_shapes`;
         the other drafters' steps stay eager); on CPU the same static path runs uncaptured (it exists to be
-        tested there)."""
+        tested there).
+        packed_weights: on CPU the target multiplies by copies of its weights in oneDNN's packed layout
+        (`tlt.models.lean.Linear`: 1.3x a plain step's matmuls, 2x a verify's on the tiny policy), remade after
+        every update_weights; False multiplies by the shared weights (F.linear), for comparison."""
         if truncate_prompts not in (None, "left"):
             raise ValueError(f"truncate_prompts must be None (raise) or 'left', got {truncate_prompts!r}")
         limit = model.config.max_position_embeddings
@@ -77,7 +81,7 @@ class NativeEngine:
         self.tuner = tuner
         self.return_hidden = return_hidden
         self.truncate_prompts = truncate_prompts
-        self.runner = ModelRunner(LeanModel.from_hf(self.model), max_seq_len, static=cuda_graphs)
+        self.runner = ModelRunner(LeanModel.from_hf(self.model, packed_weights), max_seq_len, static=cuda_graphs)
         self.draft_int8 = draft_int8
         self.drafter: Drafter | None = None
         self.set_drafter(drafter)
