@@ -23,9 +23,9 @@ from tlt.files import write_or_check
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("eval/results")
 OUTPUT = Path("docs/claims.md")
-MAIN_JOB = [RESULTS / f"quickstart_deep_v2/seed{s}/speedup.json" for s in range(3)]
+MAIN_JOB = [RESULTS / f"quickstart_packed/seed{s}/speedup.json" for s in range(3)]
 MAIN_JOB_CMD = (
-    "`make quickstart` in a fresh clone (seed 0); `tlt train configs/quickstart.yaml seed=N output_dir=runs/qs-N`"
+    "`tlt train configs/quickstart.yaml seed=N output_dir=runs/qs-N` for seeds 0-2 (`make quickstart` runs seed 0)"
 )
 SD_BENCH = RESULTS / "bench_sd_deep_v2/results.json"
 SD_BENCH_CMD = (

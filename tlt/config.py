@@ -144,6 +144,7 @@ class RolloutConfig:
     max_seq_len: int = 1024  # prompt + response limit of the engine's KV cache
     engine_args: dict[str, Any] = field(default_factory=dict)  # vllm / sglang engine keywords (dtype, memory)
     cuda_graphs: bool = False  # native: static-shape decode / verify, CUDA graphs on CUDA (uncaptured on CPU)
+    packed_weights: bool = True  # native on CPU: the target multiplies by oneDNN-packed weight copies (faster)
 
     def __post_init__(self) -> None:
         _check_choice("rollout.backend", self.backend, ("native", "vllm", "sglang"))

@@ -3,9 +3,10 @@
 import importlib.util
 
 import pytest
+import torch
 
-from tests.tiny_model import save_random_target
-from tlt.backends import check_backend_config
+from tests.tiny_model import random_target, save_random_target, tiny_tokenizer
+from tlt.backends import check_backend_config, engine_from_config
 from tlt.config import ConfigError, load_config
 
 
@@ -37,6 +38,7 @@ from tlt.config import ConfigError, load_config
             "scheduler.policy=never",
         ),
         (["rollout.engine_args.dtype=bfloat16"], "rollout.backend=native, which takes none"),
+        (["rollout.backend=vllm", "speculative.enabled=false", "rollout.packed_weights=false"], "packed_weights"),
     ],
 )
 def test_backend_config_errors_name_the_key(overrides, match):
@@ -82,3 +84,10 @@ def test_missing_sglang_gives_an_install_hint():
 
     with pytest.raises(ImportError, match="tlt\\[sglang\\]"):
         import_sglang()
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_packed_weights_reach_the_native_engine(packed, tmp_path):
+    cfg = load_config(None, [f"rollout.packed_weights={str(packed).lower()}"])
+    engine = engine_from_config(cfg, random_target(), tiny_tokenizer(), None, torch.device("cpu"), tmp_path)
+    assert all(layer.q.packed == packed and layer.down.packed == packed for layer in engine.runner.lean.layers)

@@ -26,6 +26,11 @@ def check_backend_config(cfg: RunConfig) -> None:
             f"rollout.cuda_graphs: a native-engine option (vLLM and SGLang capture their own graphs on CUDA), got "
             f"rollout.backend={backend}; remove it"
         )
+    if not cfg.rollout.packed_weights and backend != "native":
+        raise ConfigError(
+            f"rollout.packed_weights: a native-engine option (vLLM's CPU backend packs its own weights), got "
+            f"rollout.backend={backend}; remove it"
+        )
     if cfg.rollout.engine_args and backend == "native":
         raise ConfigError(
             f"rollout.engine_args: keywords for the vllm / sglang engine, got {dict(cfg.rollout.engine_args)} with "
@@ -109,6 +114,7 @@ def engine_from_config(
             draft_int8=spec.draft_int8,
             return_hidden=return_hidden,
             cuda_graphs=r.cuda_graphs,
+            packed_weights=r.packed_weights,
         )
     if return_hidden:
         raise ValueError(f"rollout.backend={r.backend} returns no hidden states; only the native engine does")
