@@ -36,9 +36,10 @@ class Linear:
 
     F.linear on CPU multiplies in the weight's own [out, in] layout, call after call; oneDNN's GEMM wants it in a
     blocked layout, which `torch.ops.mkldnn._reorder_linear_weight` makes once (what torch.compile's CPU freezing
-    does to linear weights). Measured on a 2-core EPYC, one thread, over the 4-layer tiny policy's weights
-    (fp32): 1.3x at one token per row, 2x at 4-8 tokens (a verify's), 1.4x at 32-64; the 12-layer bf16 policy
-    1.4-1.8x. The results differ from F.linear's by float rounding, as F.linear's differ between batch shapes.
+    does to linear weights). One-token inputs (a plain step at one row) keep F.linear's matrix-vector product,
+    which was as fast. On a 2-core EPYC (eval/results/packed_tiny/) a target forward over 6 tokens of one row then
+    costs 1.09 plain steps instead of 1.56, and plain steps at 4-16 rows 1.2-1.3x less. The results differ from
+    F.linear's by float rounding, as F.linear's differ between batch shapes.
 
     The copy is remade when the weight changes in place, seen by its version counter, which copy_, optimizer
     steps and load_state_dict move; writes through `.data` do not, so they are not seen (NativeEngine's
