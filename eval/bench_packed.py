@@ -23,22 +23,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import drafter_from_spec
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import rotated, sd_sums
+from tlt.eval.bench.passes import decode_each, first_pass_history, rotated
 from tlt.eval.bench.sd.costs import forward_seconds
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
-from tlt.models.lean import LeanModel
+from tlt.models.lean import LeanModel, packable
 from tlt.schedulers.tuners.base import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
 
@@ -88,17 +86,6 @@ def forward_costs(model, args) -> list[dict]:
     return rounds
 
 
-def _history(model, eos: int, max_seq_len: int, prompts, max_new_tokens: int) -> list[dict]:
-    first = NativeEngine(model, eos, max_seq_len).generate(
-        prompts, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1), n=HISTORY_SAMPLES
-    )
-    n = HISTORY_SAMPLES
-    return [
-        {"prompt": p, "responses": [r.token_ids.tolist() for r in first[i * n : (i + 1) * n]]}
-        for i, p in enumerate(prompts)
-    ]
-
-
 def _engine(arm: str, model, eos: int, max_seq_len: int, args, history) -> NativeEngine:
     mode, weights = arm.split("/")
     packed = weights == "packed"
@@ -113,26 +100,16 @@ def _engine(arm: str, model, eos: int, max_seq_len: int, args, history) -> Nativ
     return NativeEngine(model, eos, max_seq_len, tuner=tuner, drafter=drafter, packed_weights=packed)
 
 
-def _decode(engine: NativeEngine, prompts, rows: int, max_new_tokens: int, seed: int) -> dict:
-    result = dict.fromkeys(("seconds", "tokens", "sd_verifies", "sd_tokens"), 0)
-    for i, prompt in enumerate(prompts):
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed + i)
-        start = time.perf_counter()
-        rollouts = engine.generate([prompt], sampling, n=rows)
-        result["seconds"] += time.perf_counter() - start
-        result["tokens"] += sum(r.token_ids.numel() for r in rollouts)
-        sums = sd_sums(engine.step_stats)
-        result["sd_verifies"] += sums["sd_verifies"]
-        result["sd_tokens"] += sums["sd_tokens"]
-    return result
-
-
 def decoding(model, tokenizer, args) -> list[dict]:
     """Per round, per batch: each arm's sums over the prompts (rotated order, the same seeds)."""
     prompts = heldout_prompt_ids(tokenizer, args.prompts)
     room = SpecStrategy.parse(args.strategy).verify_tokens
     eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + room
-    history = _history(model, eos, max_seq_len, prompts, args.max_new_tokens) if args.drafter == "suffix" else None
+    history = None
+    if args.drafter == "suffix":
+        history = first_pass_history(
+            NativeEngine(model, eos, max_seq_len), prompts, HISTORY_SAMPLES, args.max_new_tokens
+        )
     arms = [f"{mode}/{w}" for mode in ("plain", "sd") for w in WEIGHTS]
     rounds = []
     for round_ in range(args.rounds):
@@ -141,7 +118,7 @@ def decoding(model, tokenizer, args) -> list[dict]:
             cells[str(rows)] = {}
             for arm in rotated(arms, round_):
                 engine = _engine(arm, model, eos, max_seq_len, args, history)
-                r = _decode(engine, prompts, rows, args.max_new_tokens, seed=1000 * (round_ + 1))
+                r = decode_each(engine, prompts, args.max_new_tokens, seed=1000 * (round_ + 1), n=rows)
                 cells[str(rows)][arm] = r
                 print(f"[bench_packed] round {round_ + 1}/{args.rounds} batch {rows} {arm}: {r['tokens']} tokens in "
                       f"{r['seconds']:.1f} s", file=sys.stderr)  # fmt: skip
@@ -151,7 +128,7 @@ def decoding(model, tokenizer, args) -> list[dict]:
 
 def run(args) -> dict:
     model, tokenizer = load_hf_folder(args.target)
-    if not LeanModel.from_hf(model).layers[0].q.packed:
+    if not packable(model.get_input_embeddings().weight):
         raise SystemExit(f"{args.target}: its weights ({model.dtype}) are not packed here (CPU float32 / bfloat16)")
     return {
         "machine": describe_machine(),

@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import rotated, sd_sums
+from tlt.eval.bench.passes import decode_each, first_pass_history, rotated
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.files import write_report
 from tlt.machine import describe_machine
@@ -71,21 +69,6 @@ def _engine(arm: str, model, eos: int, max_seq_len: int, history: list[dict], de
     return NativeEngine(model, eos, max_seq_len, tuner=tuner, drafter=drafter, device=device)
 
 
-def _decode(engine: NativeEngine, prompts, max_new_tokens: int, seed: int) -> dict:
-    """Each prompt alone; sums over them."""
-    result = dict.fromkeys(("seconds", "tokens", "sd_steps", "sd_verifies", "accepted", "drafted", "sd_tokens"), 0)
-    for i, prompt in enumerate(prompts):
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed + i)
-        start = time.perf_counter()
-        rollout = engine.generate([prompt], sampling)[0]
-        result["seconds"] += time.perf_counter() - start
-        result["tokens"] += rollout.token_ids.numel()
-        result["sd_steps"] += sum(s.sd_on for s in engine.step_stats)
-        for key, value in sd_sums(engine.step_stats).items():
-            result[key] += value
-    return result
-
-
 def run(args) -> dict:
     model, tokenizer = load_hf_folder(args.target)
     prompts = heldout_prompt_ids(tokenizer, args.prompts)
@@ -93,19 +76,14 @@ def run(args) -> dict:
     # room for the widest tree on top of the longest response (the engine decodes plainly where a tree would not fit)
     widest = max(SpecStrategy.parse(ARMS[name][0]).verify_tokens for name in names[1:])
     eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + widest
-    first = NativeEngine(model, eos, max_seq_len, device=args.device).generate(
-        prompts, SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=1), n=args.samples
-    )
-    history = [
-        {"prompt": p, "responses": [r.token_ids.tolist() for r in first[i * args.samples : (i + 1) * args.samples]]}
-        for i, p in enumerate(prompts)
-    ]
+    plain = NativeEngine(model, eos, max_seq_len, device=args.device)
+    history = first_pass_history(plain, prompts, args.samples, args.max_new_tokens)
     rounds = []
     for round_ in range(args.rounds):
         results = {}
         for arm in rotated(names, round_):
             engine = _engine(arm, model, eos, max_seq_len, history, args.device)
-            results[arm] = _decode(engine, prompts, args.max_new_tokens, seed=1000 * (round_ + 1))
+            results[arm] = decode_each(engine, prompts, args.max_new_tokens, seed=1000 * (round_ + 1))
             r = results[arm]
             print(f"[bench_suffix_b1] round {round_ + 1}/{args.rounds} {arm}: {r['tokens']} tokens in "
                   f"{r['seconds']:.1f} s", file=sys.stderr)  # fmt: skip

@@ -272,7 +272,10 @@ def test_packed_copies_follow_in_place_weight_updates():
     other = _perturbed(build_model("test", vocab_size=64, seed=5))
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.mul_(0.5) if "norm" in name else p.copy_(other.get_parameter(name))
+            if "norm" in name:
+                p.mul_(0.5)
+            else:
+                p.copy_(other.get_parameter(name))
     after = _verify_forward(lean, 70)
     want = _verify_forward(LeanModel.from_hf(model, packed=False), 70)
     assert not torch.allclose(after, before, atol=1e-2)

@@ -1,10 +1,12 @@
 """Arms compared in interleaved rounds: the order of a round (`rotated`, for every benchmark that takes turns), the
-two-pass round loop of eval/bench_composed.py and eval/bench_ragged.py, and the sums a pass reports from the
-engine's step stats."""
+two-pass round loop of eval/bench_composed.py and eval/bench_ragged.py, a first pass as a suffix drafter's history
+and prompt-by-prompt decoding (eval/bench_suffix_b1.py, eval/bench_packed.py), and the sums a pass reports from
+the engine's step stats."""
 
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -62,6 +64,33 @@ def sd_sums(step_stats) -> dict[str, int]:
         "drafted": sum(s.drafted_tokens for s in sd),
         "sd_tokens": sum(s.generated_tokens for s in sd),
     }
+
+
+def first_pass_history(engine: NativeEngine, prompts, samples: int, max_new_tokens: int) -> list[dict]:
+    """Each prompt's `samples` responses at T = 1 (seed 1), as `SuffixDrafter.restore` takes a history: what a
+    suffix drafter would hold when the prompts come back for their next RL epoch."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1)
+    first = engine.generate(prompts, sampling, n=samples)
+    return [
+        {"prompt": p, "responses": [r.token_ids.tolist() for r in first[i * samples : (i + 1) * samples]]}
+        for i, p in enumerate(prompts)
+    ]
+
+
+def decode_each(engine: NativeEngine, prompts, max_new_tokens: int, seed: int, n: int = 1) -> dict:
+    """Each prompt in its own generate() call with n samples at T = 1 (seed + its index); sums over the calls of
+    seconds, response tokens, SD steps and `sd_sums`."""
+    result = dict.fromkeys(("seconds", "tokens", "sd_steps", "sd_verifies", "accepted", "drafted", "sd_tokens"), 0)
+    for i, prompt in enumerate(prompts):
+        sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed + i)
+        start = time.perf_counter()
+        rollouts = engine.generate([prompt], sampling, n=n)
+        result["seconds"] += time.perf_counter() - start
+        result["tokens"] += sum(r.token_ids.numel() for r in rollouts)
+        result["sd_steps"] += sum(s.sd_on for s in engine.step_stats)
+        for key, value in sd_sums(engine.step_stats).items():
+            result[key] += value
+    return result
 
 
 def tokens_per_second(run: dict) -> float:
