@@ -66,10 +66,10 @@ def sd_sums(step_stats) -> dict[str, int]:
     }
 
 
-def first_pass_history(engine: NativeEngine, prompts, samples: int, max_new_tokens: int) -> list[dict]:
-    """Each prompt's `samples` responses at T = 1 (seed 1), as `SuffixDrafter.restore` takes a history: what a
+def first_pass_history(engine: NativeEngine, prompts, samples: int, max_new_tokens: int, seed: int = 1) -> list[dict]:
+    """Each prompt's `samples` responses at T = 1 (`seed`), as `SuffixDrafter.restore` takes a history: what a
     suffix drafter would hold when the prompts come back for their next RL epoch."""
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=1)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
     first = engine.generate(prompts, sampling, n=samples)
     return [
         {"prompt": p, "responses": [r.token_ids.tolist() for r in first[i * samples : (i + 1) * samples]]}
