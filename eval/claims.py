@@ -44,7 +44,7 @@ COMPOSED_FRESH = [RESULTS / f"composed_fresh_deep_v2/seed{s}" for s in range(3)]
 COMPOSED_FRESH_CMD = (
     "`tlt sweep configs/composed_epochs.yaml --output-dir DIR data.train_size=20000 grpo.steps=24 seed=N`"
 )
-COMPOSED_EPOCHS = [RESULTS / f"composed_epochs_deep_v2/seed{s}" for s in range(3)]
+COMPOSED_EPOCHS = [RESULTS / f"composed_epochs_deep_v2_packed/seed{s}" for s in range(3)]
 COMPOSED_EPOCHS_CMD = "`tlt sweep configs/composed_epochs.yaml` (seed 0); `... --output-dir DIR seed=N`"
 DRAFTERS = RESULTS / "drafter_deep_v2/acceptance.json"
 DRAFTERS_CMD = (
