@@ -117,3 +117,24 @@ def test_cells_take_turns_round_by_round_after_their_warm_ups(monkeypatch):
     assert calls == [1, 2, 4] + [1, 2, 4] + [2, 4, 1] + [4, 1, 2]
     assert [results[c].seconds for c in cells] == [[5.0, 10.0, 12.0], [12.0, 16.0, 26.0], [28.0, 36.0, 44.0]]
     assert all(r.deterministic and r.generated_tokens == 3 for r in results.values())
+
+
+def test_sd_rows_pair_each_timed_run_with_the_plain_run_of_its_round():
+    from tlt.eval.bench.sd.costs import ForwardCost
+    from tlt.eval.bench.sd.report import sd_row
+    from tlt.eval.bench.sd.runs import CellResult
+
+    def result(cell, seconds, tokens):
+        return CellResult(
+            cell=cell, seconds=seconds, generated_tokens=tokens, num_prompts=1, mean_running_batch=1, sd_steps=1,
+            accepted_per_verify=1.0, propose_seconds=0.001, post_eos_share=0.0, deterministic=True,
+            memory={"delta_mib": 0, "peak_rss_mib": 0}, outputs=[[1]],
+        )  # fmt: skip
+
+    sd_cell = Cell(NATIVE, 1, 1.0, "eagle", "3_1_4")
+    plain = result(sd_cell.plain(), [1.0, 2.0, 4.0], 100)  # the machine slows down round by round
+    sd = result(sd_cell, [0.5, 1.0, 1.0], 50)
+    costs = [ForwardCost(batch_size=1, new_tokens=n, cache_len=8, seconds=0.01) for n in (1, 4)]
+    row = sd_row(sd, plain, costs)
+    assert row.speedup_runs == [1.0, 1.0, 2.0]  # 50 / 0.5 over 100 / 1, then 50 / 1 over 100 / 2, 50 / 1 over 100 / 4
+    assert row.speedup == (50 / 1.0) / (100 / 2.0)  # the ratio of the medians

@@ -74,10 +74,20 @@ def _best_table(payload: dict) -> list[str]:
         row = [drafter, f"{temperature:g}"]
         for b in sizes:
             r = cells.get((drafter, temperature, b))
-            row.append("-" if r is None else f"{r['speedup']:.2f}x ({r['strategy']})")
+            row.append("-" if r is None else f"{r['speedup']:.2f}x ({r['strategy']}{_spread(r, '; ')})")
         rows.append(row)
-    title = ["## Best SD speedup over plain native decoding (strategy in brackets)", ""]
+    title = [
+        "## Best SD speedup over plain native decoding (strategy and, per timed run, min-max in brackets)",
+        "",
+    ]
     return title + table(["drafter", "T"] + [f"b={b}" for b in sizes], rows) + [""]
+
+
+def _spread(r: dict, lead: str = "") -> str:
+    """min-max of the per-run speedups (rounds of the cells), or nothing for reports written before they were
+    kept."""
+    runs = r.get("speedup_runs")
+    return f"{lead}{min(runs):.2f}-{max(runs):.2f}x" if runs else ""
 
 
 def _ms(seconds: float | None) -> str:
@@ -94,6 +104,7 @@ def _sd_cells(r: dict) -> list[str]:
         _f(r["tokens_per_s"], ".0f"),
         _f(r["plain_tokens_per_s"], ".0f"),
         _f(r["speedup"], ".2f", "x"),
+        _spread(r) or "-",
         _f(None if accepted is None else accepted + 1),
         _ms(r["t_plain"]),
         _ms(r["t_verify"]),
@@ -109,7 +120,7 @@ def _sd_cells(r: dict) -> list[str]:
 
 
 SD_HEADERS = [
-    "drafter", "strategy", "b", "T", "tok/s", "plain tok/s", "speedup", "A", "t(b,1) ms", "t(b,N) ms",
+    "drafter", "strategy", "b", "T", "tok/s", "plain tok/s", "speedup", "per run", "A", "t(b,1) ms", "t(b,N) ms",
     "t_draft ms", "bound", "% of bound", "identical", "running b", "post-EOS", "mem MiB", "peak RSS MiB",
 ]  # fmt: skip
 

@@ -20,7 +20,8 @@ class SDRow:
     temperature: float
     tokens_per_s: float
     plain_tokens_per_s: float
-    speedup: float  # tokens/s ratio, SD over plain
+    speedup: float  # tokens/s ratio, SD over plain (median timed runs)
+    speedup_runs: list[float]  # the same ratio per timed run, SD run i over plain run i (one round of the cells)
     accepted_per_verify: float | None  # mean accepted draft tokens per row and verify; A = this + 1
     t_plain: float  # t(b, 1) seconds
     t_verify: float  # t(b, N) seconds
@@ -66,6 +67,10 @@ def sd_row(result: CellResult, plain: CellResult, costs: list[ForwardCost]) -> S
     cell = result.cell
     strategy = SpecStrategy.parse(cell.strategy)
     speedup = result.tokens_per_s / plain.tokens_per_s
+    speedup_runs = [
+        (result.generated_tokens / s) / (plain.generated_tokens / p)
+        for s, p in zip(result.seconds, plain.seconds, strict=True)
+    ]
     t_plain = _cost(costs, cell.batch_size, 1)
     t_verify = _cost(costs, cell.batch_size, strategy.verify_tokens)
     bound = None
@@ -80,6 +85,7 @@ def sd_row(result: CellResult, plain: CellResult, costs: list[ForwardCost]) -> S
         tokens_per_s=result.tokens_per_s,
         plain_tokens_per_s=plain.tokens_per_s,
         speedup=speedup,
+        speedup_runs=speedup_runs,
         accepted_per_verify=result.accepted_per_verify,
         t_plain=t_plain,
         t_verify=t_verify,
