@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
+from tlt import files
 from tlt.eval.lm import DecodeTotals
 from tlt.eval.parity import ParityReport
 from tlt.eval.parity_stats import PairedComparison, verdict
-from tlt.files import atomic_write_json, atomic_write_text
 
 MAX_MISMATCHES_SHOWN = 10
 _SNIPPET_CHARS = 80
@@ -156,9 +156,7 @@ def render_markdown(report: ParityReport) -> str:
 
 
 def write_report(report: ParityReport, folder: str | Path) -> tuple[Path, Path]:
-    """Write parity.json and parity.md into `folder` (each atomically); returns their paths."""
-    folder = Path(folder)
-    json_path, md_path = folder / "parity.json", folder / "parity.md"
-    atomic_write_json(json_path, to_dict(report))
-    atomic_write_text(md_path, render_markdown(report))
-    return json_path, md_path
+    """Write parity.json and parity.md into `folder` (each atomically, the JSON first); returns their paths."""
+    md_path = Path(folder) / "parity.md"
+    files.write_report(md_path, to_dict(report), lambda _: render_markdown(report))
+    return md_path.with_suffix(".json"), md_path
