@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from tlt.drafters.base import Drafter, DrafterMismatchError
 from tlt.drafters.eagle_head import EagleConfig, EagleHead
-from tlt.models.graphs import KV_BLOCK, Graphs, batch_bucket, kv_bucket, pad_rows
+from tlt.models.graphs import Graphs, batch_bucket, kv_blocks, kv_bucket, pad_rows
 from tlt.models.lean import attention_mask
 from tlt.speculative.sampling import probs_from_logits, sample_tokens
 from tlt.speculative.strategy import SpecStrategy
@@ -248,7 +248,7 @@ class EagleDrafter(Drafter):
             k = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
             return k, torch.zeros_like(k)
         need = max(batch_bucket(running), rows)
-        slots = -(-(self.static_len + STATIC_CHUNK + STATIC_DRAFT_SLOTS) // KV_BLOCK) * KV_BLOCK
+        slots = kv_blocks(self.static_len + STATIC_CHUNK + STATIC_DRAFT_SLOTS)
         if self.buffer is None or self.buffer[0].shape[0] < need:
             shape = (need, cfg.num_kv_heads, slots, cfg.head_dim)
             k = torch.zeros(shape, dtype=weight.dtype, device=weight.device)

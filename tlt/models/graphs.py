@@ -25,9 +25,14 @@ def batch_bucket(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
+def kv_blocks(kv_len: int) -> int:
+    """The smallest multiple of KV_BLOCK >= kv_len."""
+    return -(-kv_len // KV_BLOCK) * KV_BLOCK
+
+
 def kv_bucket(kv_len: int, capacity: int) -> int:
-    """The smallest multiple of KV_BLOCK >= kv_len, at most the cache's capacity."""
-    return min(-(-kv_len // KV_BLOCK) * KV_BLOCK, capacity)
+    """kv_blocks(kv_len), at most the cache's capacity."""
+    return min(kv_blocks(kv_len), capacity)
 
 
 def pad_rows(x: torch.Tensor, rows: int, value: int | float = 0) -> torch.Tensor:
