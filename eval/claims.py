@@ -40,7 +40,7 @@ DRIFT_CMD = (
 )
 ABLATION = [RESULTS / f"ablation_deep_v2/seed{s}" for s in range(5)]
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml` (seed 0); `tlt sweep configs/ablation.yaml --output-dir DIR seed=N`"
-COMPOSED_FRESH = [RESULTS / f"composed_fresh_deep_v2/seed{s}" for s in range(3)]
+COMPOSED_FRESH = [RESULTS / f"composed_fresh_deep_v2_packed/seed{s}" for s in range(3)]
 COMPOSED_FRESH_CMD = (
     "`tlt sweep configs/composed_epochs.yaml --output-dir DIR data.train_size=20000 grpo.steps=24 seed=N`"
 )

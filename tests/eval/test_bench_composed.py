@@ -4,14 +4,17 @@ summary sums over rounds as the report says."""
 import json
 from pathlib import Path
 
+import pytest
+
 from eval.bench_composed import summarize, table
 
-RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results" / "composed_deep_v1"
+RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
 
 
-def test_the_committed_report_renders_from_its_json():
-    report = json.loads((RESULTS / "composed.json").read_text())
-    assert table(report) == (RESULTS / "composed.md").read_text()
+@pytest.mark.parametrize("folder", ["composed_deep_v1", "composed_deep_v2_packed"])
+def test_the_committed_report_renders_from_its_json(folder):
+    report = json.loads((RESULTS / folder / "composed.json").read_text())
+    assert table(report) == (RESULTS / folder / "composed.md").read_text()
 
 
 def test_tokens_per_second_are_summed_over_rounds_and_compared_with_eagle():

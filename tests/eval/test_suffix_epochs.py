@@ -13,7 +13,13 @@ RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
 
 @pytest.mark.parametrize(
     "folder",
-    ["suffix_epochs_deep_v1", "composed_epochs_deep_v1", "suffix_epochs_tiny", "composed_epochs_deep_v2_packed"],
+    [
+        "suffix_epochs_deep_v1",
+        "composed_epochs_deep_v1",
+        "suffix_epochs_tiny",
+        "composed_epochs_deep_v2_packed",
+        "composed_fresh_deep_v2_packed",
+    ],
 )
 def test_the_committed_report_renders_from_its_json(folder):
     data = json.loads((RESULTS / folder / "epochs.json").read_text())
