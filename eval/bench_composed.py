@@ -52,6 +52,13 @@ def _args(argv):
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--tuner", default="cost", help="tuner kind (cost, fixed, ...)")
     parser.add_argument("--strategies", default="3_1_4,5_1_6,7_1_8", help="the tuner's strategies")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="0: greedy, every arm decodes the same tokens, so the times compare exactly (pass 2 then finds pass "
+        "1's responses in the suffix history, a best case for it)",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", required=True)
     return parser.parse_args(argv)
@@ -94,6 +101,7 @@ def run(args) -> dict:
         lambda engine, sampling: _pass(engine, prompts, args.samples, sampling),
         args.max_new_tokens,
         "bench_composed",
+        args.temperature,
     )
     return {"machine": describe_machine(), "settings": vars(args), "rounds": rounds}
 
@@ -147,7 +155,8 @@ def table(report: dict) -> str:
     lines = [
         f"# EAGLE alone vs EAGLE + suffix drafter, composed per row ({Path(s['target']).name})",
         "",
-        f"{s['prompts']} held-out prompts x {s['samples']} samples, T = 1, up to {s['max_new_tokens']} tokens, "
+        f"{s['prompts']} held-out prompts x {s['samples']} samples, T = {s.get('temperature', 1.0):g}, up to "
+        f"{s['max_new_tokens']} tokens, "
         f"tuner `{s['tuner']}` over {s['strategies']}, native engine, one process; pass 2: the same prompts with "
         f"another seed (the suffix history keeps pass 1). {s['rounds']} rounds, each its own sample set (seeds "
         "2r + 1, 2r + 2), arms in rotated order; sums over rounds (tokens/s vs eagle: > 1 is faster; time ratio: "

@@ -11,7 +11,15 @@ from eval.bench_composed import summarize, table
 RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
 
 
-@pytest.mark.parametrize("folder", ["composed_deep_v1", "composed_deep_v2_packed"])
+@pytest.mark.parametrize(
+    "folder",
+    [
+        "composed_deep_v1",
+        "composed_deep_v2_packed",
+        "composed_deep_v2_packed_greedy",
+        "composed_deep_v2_packed_greedy_fixed",
+    ],
+)
 def test_the_committed_report_renders_from_its_json(folder):
     report = json.loads((RESULTS / folder / "composed.json").read_text())
     assert table(report) == (RESULTS / folder / "composed.md").read_text()

@@ -32,9 +32,11 @@ def two_pass_rounds(
     run_pass: Callable[[NativeEngine, SamplingParams], dict],
     max_new_tokens: int,
     label: str,
+    temperature: float = 1.0,
 ) -> list[dict[str, list[dict]]]:
     """`rounds` rounds; in round r every arm, in an order rotated by r, gets a fresh engine and runs two passes at
-    T = 1 with seeds 2r + 1 and 2r + 2 (the round's own sample set; pass 2 finds what pass 1 left in the drafter).
+    `temperature` with seeds 2r + 1 and 2r + 2 (the round's own sample set; pass 2 finds what pass 1 left in the
+    drafter).
     Returns per round {arm: [pass 1, pass 2]}; a line per pass goes to stderr (seconds and tokens)."""
     results = []
     for round_ in range(rounds):
@@ -43,7 +45,7 @@ def two_pass_rounds(
             engine = make_engine(arm)
             passes[arm] = []
             for seed in (2 * round_ + 1, 2 * round_ + 2):
-                sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
+                sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
                 passes[arm].append(run_pass(engine, sampling))
                 r = passes[arm][-1]
                 print(
