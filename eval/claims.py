@@ -141,7 +141,7 @@ def sd_rows() -> list[Row]:
     return [
         Row(
             f"SD speedup per token at batch {b['batch_size']} ({b['drafter']} {b['strategy']}, T = {b['temperature']})",
-            b.get("speedup_runs") or [b["speedup"]],  # per timed run (the cells' rounds) where the report kept them
+            b["speedup_runs"],  # per timed run, one round of the cells each
             "x",
             _machine(data),
             SD_BENCH_CMD,

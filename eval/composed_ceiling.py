@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from eval.long_tail import RANGES, batch_range
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
@@ -40,13 +41,7 @@ from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners.base import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
 
-BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 1 << 30))
 SUMS = ("verifies", "eagle", "suffix", "merged", "suffix_longer", "suffix_nodes")
-
-
-def bucket(rows: int) -> str:
-    low, high = next(b for b in BUCKETS if b[0] <= rows <= b[1])
-    return str(low) if low == high else (f"{low}-{high}" if high < 1 << 30 else f"{low}+")
 
 
 class Observed(Drafter):
@@ -113,23 +108,23 @@ class Observed(Drafter):
         raise NotImplementedError("an observing drafter exists for this benchmark only; save its parts")
 
 
-def tally(records: list[tuple], responses: list[list[int]], names: list[str]) -> dict[str, dict[str, dict]]:
-    """Per suffix drafter and running-batch bucket: the sums in SUMS over rows and verifies."""
-    out = {name: {} for name in names}
+def tally(records: list[tuple], responses: list[list[int]], out: dict[str, dict[str, dict]]) -> None:
+    """Add the records to `out`: per suffix drafter (its keys, in the records' order) and running-batch range of
+    eval.long_tail, the sums in SUMS over rows and verifies."""
+    names = list(out)
     for seq, position, rows, eagle, drafts in records:
         ahead = responses[seq][position:]
         for name, draft in zip(names, drafts, strict=True):
             match = next((i for i, (a, b) in enumerate(zip(draft, ahead, strict=False)) if a != b), None)
             match = min(len(draft), len(ahead)) if match is None else match
             suffix = min(match + 1, len(ahead))  # the bonus token, unless the response ended
-            sums = out[name].setdefault(bucket(rows), dict.fromkeys(SUMS, 0))
+            sums = out[name].setdefault(batch_range(rows), dict.fromkeys(SUMS, 0))
             sums["verifies"] += 1
             sums["eagle"] += eagle
             sums["suffix"] += suffix
             sums["merged"] += max(eagle, suffix)
             sums["suffix_longer"] += suffix > eagle
             sums["suffix_nodes"] += len(draft)
-    return out
 
 
 def _args(argv):
@@ -181,11 +176,7 @@ def run(args) -> dict:
             observed.records = []
             sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=2 * round_ + 2 + start)
             rollouts = engine.generate(prompts[start : start + args.group], sampling, n=args.samples)
-            for name, buckets in tally(observed.records, [r.token_ids.tolist() for r in rollouts], names).items():
-                for key, part in buckets.items():
-                    total = sums[name].setdefault(key, dict.fromkeys(SUMS, 0))
-                    for field in SUMS:
-                        total[field] += part[field]
+            tally(observed.records, [r.token_ids.tolist() for r in rollouts], sums)
         rounds.append(sums)
         merged = {n: _ratio(s) for n, s in sums.items()}
         print(f"[composed_ceiling] round {round_ + 1}/{args.rounds}: merged / EAGLE tokens per verify {merged}",
@@ -220,7 +211,7 @@ def table(report: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for name in s["suffix"].split(","):
-        keys = sorted({k for r in rounds for k in r[name]}, key=lambda k: int(k.split("-")[0].rstrip("+")))
+        keys = [batch_range(low) for low, _ in RANGES if any(batch_range(low) in r[name] for r in rounds)]
         for key in [*keys, "all"]:
             parts = [r[name] if key == "all" else {key: r[name][key]} for r in rounds if key == "all" or key in r[name]]
             ratios = [_ratio(p) for p in parts]

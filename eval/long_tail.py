@@ -26,7 +26,8 @@ from tlt.files import write_report
 RANGES = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 10**9))
 
 
-def _range(batch: int) -> str:
+def batch_range(batch: int) -> str:
+    """The label of the RANGES entry holding `batch` running rows ("1", "3-4", ">= 33")."""
     low, high = next(r for r in RANGES if r[0] <= batch <= r[1])
     return str(low) if low == high else (f"{low}-{high}" if high < 10**9 else f">= {low}")
 
@@ -37,7 +38,7 @@ def decode_by_strategy(history: list[dict], warmup: int) -> dict[str, dict[str, 
     out: dict[str, dict[str, dict]] = {}
     for step in measured_steps(history, warmup):
         for batch, strategy, steps, seconds, tokens in step.get("timeline") or []:
-            cells = out.setdefault(_range(batch), {})
+            cells = out.setdefault(batch_range(batch), {})
             cell = cells.setdefault(strategy or "plain", {"steps": 0, "rows": 0, "seconds": 0.0, "tokens": 0})
             cell["steps"] += steps
             cell["rows"] += steps * batch
@@ -65,7 +66,7 @@ def by_range(strategies: dict[str, dict[str, dict]]) -> dict[str, dict]:
 def strategy_rows(tlt: dict[str, dict[str, dict]], base: dict[str, dict]) -> list[list[str]]:
     table = []
     for low, _ in RANGES:
-        key = _range(low)
+        key = batch_range(low)
         b = base.get(key)
         per_b = b["seconds"] / b["tokens"] if b and b["tokens"] else None
         for strategy, c in sorted(tlt.get(key, {}).items()):
@@ -89,7 +90,7 @@ def rows(tlt: dict[str, dict], base: dict[str, dict]) -> list[list[str]]:
     total = {arm: sum(c["seconds"] for c in cells.values()) for arm, cells in (("tlt", tlt), ("base", base))}
     table = []
     for low, high in RANGES:
-        key = _range(low)
+        key = batch_range(low)
         t, b = tlt.get(key), base.get(key)
         if t is None and b is None:
             continue

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.composed_ceiling import Observed, _suffixes, bucket, main, table, tally
+from eval.composed_ceiling import Observed, _suffixes, main, table, tally
 from tests.tiny_model import save_math_policy
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
@@ -23,7 +23,8 @@ def test_the_suffix_branch_is_credited_its_match_plus_the_bonus_and_the_merged_t
         (0, 1, 2, 2, [[2, 3, 9], [2, 3, 4, 5, 6]]),  # ahead 2 3 4 5: matches 2 and 4 (the response ends there)
         (0, 4, 1, 1, [[], [7]]),  # ahead 5: nothing drafted, a miss
     ]
-    out = tally(records, responses, ["short", "long"])
+    out = {"short": {}, "long": {}}
+    tally(records, responses, out)
     assert out["short"]["2"] == {
         "verifies": 1, "eagle": 2, "suffix": 3, "merged": 3, "suffix_longer": 1, "suffix_nodes": 3,
     }  # fmt: skip
@@ -32,8 +33,13 @@ def test_the_suffix_branch_is_credited_its_match_plus_the_bonus_and_the_merged_t
     assert out["long"]["1"]["suffix_longer"] == 0 and out["long"]["1"]["suffix_nodes"] == 1
 
 
-def test_buckets_follow_the_long_tail_tables():
-    assert [bucket(n) for n in (1, 2, 3, 4, 5, 16, 17, 64)] == ["1", "2", "3-4", "3-4", "5-8", "9-16", "17+", "17+"]
+def test_verifies_are_summed_per_range_of_the_long_tail_tables_across_calls():
+    out = {"chain": {}}
+    for rows in (1, 2, 3, 4, 5, 16, 17, 64):
+        tally([(0, 0, rows, 1, [[7]])], [[7, 8]], out)  # a second call adds to the first's sums
+    counts = {key: sums["verifies"] for key, sums in out["chain"].items()}
+    assert counts == {"1": 1, "2": 1, "3-4": 2, "5-8": 1, "9-16": 1, "17-32": 1, ">= 33": 1}
+    assert out["chain"]["3-4"]["suffix"] == 4  # each: the match of 1 plus the bonus
 
 
 @pytest.fixture(scope="module")
