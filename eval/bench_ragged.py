@@ -48,9 +48,9 @@ class PaddedSuffixDrafter(SuffixDrafter):
     """The suffix drafter without its per-row draft lengths: the engine verifies every node of the strategy."""
 
     def propose_scored(self, strategy):
-        tree, scores = super().propose_scored(strategy)
-        tree.real = None
-        return tree, scores
+        scored = super().propose_scored(strategy)
+        scored.tree.real = None
+        return scored
 
 
 def _args(argv):

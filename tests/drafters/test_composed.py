@@ -8,7 +8,7 @@ from tests.drafters.engine_checks import GREEDY, AlwaysTuner, assert_same, plain
 from tests.tiny_model import random_target
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
-from tlt.drafters.composed import ComposedDrafter
+from tlt.drafters.composed import MATCH_CLASSES, MEMORY, ComposedDrafter, match_class
 from tlt.drafters.eagle import EagleDrafter
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.suffix import SuffixDrafter
@@ -46,6 +46,13 @@ def test_greedy_sd_is_plain_decoding_with_both_drafters_accepted(target, strateg
 REPEATS, NEW = [5, 6, 7, 8, 5, 6, 7], [1, 2, 3, 4, 9, 10, 11]  # the suffix drafter continues the first only
 
 
+def trusting(drafter: ComposedDrafter) -> ComposedDrafter:
+    """Its record as if every match class's suffix drafts had been followed for as many tokens as expected
+    (plus one: trust 1)."""
+    drafter.record.suffix_sums = [[1.0, 0.0] for _ in range(MATCH_CLASSES)]
+    return drafter
+
+
 def _start(drafter, target, prompts) -> None:
     tokens = torch.tensor(prompts)
     hidden = torch.zeros(len(prompts), tokens.shape[1], target.config.hidden_size)
@@ -58,13 +65,14 @@ def test_a_suffix_row_takes_the_suffix_chain_with_a_one_hot_q(target):
     learned drafter's sampled chain and q."""
     from tlt.speculative.sampling import SamplingParams
 
-    d = composed(target)
+    d = trusting(composed(target))
     _start(d, target, [REPEATS, NEW])
     strategy = SpecStrategy.parse("3_1_4")
     d.record.learned_accepted[strategy] = 0.5  # the learned drafter has been accepting half a token
     learned = d.learned.propose_sampled(strategy, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
     d.learned.propose_sampled = lambda *args: learned  # the same draw for the composition to merge
-    drafted, scores = d.suffix.propose_scored(strategy)
+    scored = d.suffix.propose_scored(strategy)
+    drafted, scores = scored.tree, [row.score for row in scored.rows]
     tree = d.propose_sampled(strategy, SamplingParams(temperature=1.0), None)
     for b, score in enumerate(scores):
         if score > 0.5:  # REPEATS: "5 6 7" continues as "8 5 6" in the prompt
@@ -117,12 +125,12 @@ def test_a_wrong_pair_of_drafters_is_refused(target, parts):
 
 
 def test_trees_swap_whole_rows(target):
-    d = composed(target)
+    d = trusting(composed(target))
     _start(d, target, [REPEATS])
     strategy = SpecStrategy.parse("3_2_6")
     d.record.learned_accepted[strategy] = 0.0
     tree = d.propose(strategy)
-    drafted, _ = d.suffix.propose_scored(strategy)
+    drafted = d.suffix.propose_scored(strategy).tree
     assert isinstance(tree, DraftTree) and tree.draft_probs is None
     assert tree.tokens.tolist() == drafted.tokens.tolist() and tree.parents.tolist() == drafted.parents.tolist()
 
@@ -160,14 +168,48 @@ def test_a_composed_kind_the_config_does_not_know_is_refused():
         load_config(None, ["drafter.kind=eagle+ngram"])
 
 
-def test_suffix_rows_that_accept_less_than_their_score_make_the_next_ones_rarer(target):
+SHORT = [20 + i for i in range(33)] + [5, 6, 7, 8, 5, 6, 7]  # "5 6 7" matched: a short match
+LONG = [40 + i for i in range(20)] * 2  # the last 20 tokens matched: a long match
+
+
+def test_every_rows_suffix_draft_is_scored_against_what_the_row_emitted_per_match_class(target):
+    """Learned rows too: the tokens a row emitted show how far its suffix draft would have gone, and its class's
+    trust (0 before any draft was scored) follows: 0 for drafts not followed, near 1 for drafts followed."""
     d = composed(target)
+    _start(d, target, [SHORT, LONG])
+    strategy = SpecStrategy.parse("3_1_4")
+    d.record.learned_accepted[strategy] = 10.0  # no suffix draft beats it: both rows take the learned draft
+    short, long = d.suffix.propose_scored(strategy).rows
+    assert match_class(short.match) != match_class(long.match) and short.score > 1 and long.score > 1
+    assert torch.equal(d.propose(strategy).tokens, d.learned.propose(strategy).tokens)
+    emitted = torch.tensor([[9, 0, 0, 0], [*long.tokens[1:4], 7]])  # row 0 leaves its suffix draft, row 1 follows it
+    d.append(emitted, torch.zeros(2, 4, target.config.hidden_size), torch.tensor([1, 4]))
+    assert d.record.trust(short.match) == 0.0
+    assert d.record.trust(long.match) == pytest.approx(3 / (long.score + 1))
+    assert d.attribution() == {"learned": {"verifies": 2, "accepted": 3}, "suffix": {"verifies": 0, "accepted": 0}}
+
+
+def test_a_distrusted_match_class_keeps_its_rows_on_the_learned_draft_while_others_take_the_suffix(target):
+    strategy = SpecStrategy.parse("3_1_4")
+    d = trusting(composed(target))
+    _start(d, target, [SHORT, LONG])
+    short, long = d.suffix.propose_scored(strategy).rows
+    d.record.suffix_sums[match_class(short.match)] = [0.0, 10.0]  # its drafts were followed for none of 10 tokens
+    d.record.learned_accepted[strategy] = 1.0
+    tree, learned = d.propose(strategy), d.learned.propose(strategy)
+    assert torch.equal(tree.tokens[0], learned.tokens[0])
+    assert tree.tokens[1].tolist() == long.tokens[: tree.num_nodes]
+
+
+def test_suffix_rows_that_accept_less_than_their_score_make_the_next_ones_of_their_class_rarer(target):
+    d = trusting(composed(target))
     _start(d, target, [REPEATS])
     strategy = SpecStrategy.parse("3_1_4")
     d.record.learned_accepted[strategy] = 1.0
-    drafted, scores = d.suffix.propose_scored(strategy)
-    assert d.propose(strategy).tokens.tolist() == drafted.tokens.tolist()  # the suffix row (score > 1)
+    (row,) = d.suffix.propose_scored(strategy).rows
+    assert d.propose(strategy).tokens[0].tolist() == row.tokens  # the suffix row (score > 1)
     d.append(torch.tensor([[9]]), torch.zeros(1, 1, target.config.hidden_size), torch.tensor([1]))  # none accepted
-    assert d.record.suffix_realized == pytest.approx(1 / (scores[0] + 1))
+    assert d.record.trust(row.match) == pytest.approx((1 - MEMORY) / ((1 - MEMORY) * 0 + row.score + 1))
     assert d.attribution()["suffix"] == {"verifies": 1, "accepted": 0}
-    assert scores[0] * d.record.suffix_realized < 1.0  # the same score no longer beats the learned drafter
+    assert row.score * d.record.trust(row.match) < 1.0  # the same draft no longer beats the learned drafter
+    assert d.record.trust(row.match * 8) == 1.0  # another class: as it was

@@ -202,3 +202,28 @@ def test_a_tree_drafts_up_to_the_strategys_nodes_within_its_depth_and_width():
     assert paths == {(10, 11), (20, 21), (30, 31), (40, 41)}
     assert real == 9 and int(tree.depths()[0, :real].max()) == 2
     assert (tree.parents[0, real:] == 0).all()  # filler under the root, past `real`
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    paths=st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=4), min_size=1, max_size=6),
+    emitted=st.lists(st.integers(1, 3), min_size=1, max_size=5),
+    topk=st.integers(1, 3),
+)
+def test_followed_is_the_deepest_draft_path_the_emitted_tokens_start_with(paths, emitted, topk):
+    """RowDraft.followed against a brute force over every node's root path (trees built as the drafter builds
+    them, filler included)."""
+    from tlt.drafters.ngram import _Trie
+    from tlt.drafters.suffix import RowDraft
+
+    trie = _Trie(0, SpecStrategy(steps=4, topk=topk, verify_tokens=5 if topk == 1 else 8))
+    for path in paths:
+        trie.insert(path)
+    trie.pad(0)
+    draft = RowDraft(trie.tokens, trie.parents, trie.real, score=0.0, match=1)
+
+    def root_path(node):
+        return [] if node == 0 else [*root_path(trie.parents[node]), trie.tokens[node]]
+
+    expected = max(len(p) for p in map(root_path, range(trie.real)) if p == emitted[: len(p)])
+    assert draft.followed(emitted) == expected

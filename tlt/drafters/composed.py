@@ -1,15 +1,23 @@
 """A learned drafter composed with the suffix drafter: per row and step, the draft expected to go further.
 
 Both drafters follow every row (start / append / keep go to both); each decode step a row takes the suffix
-drafter's draft when the tokens it expects accepted (its score: how often the row's prompt history continued that
-way, summed over the draft) exceed what the learned drafter has been accepting at this strategy, and the learned
-drafter's draft otherwise. The learned drafter's expectation is a running mean of its accepted tokens per verify
-(per strategy, from the counts the engine appends), and the suffix score is scaled by how far its past scores came
-true (accepted over expected tokens on suffix rows, both sums decaying every step, one token of each assumed: a
-first suffix row that accepts little makes the next ones rarer at once); a strategy the learned drafter has not
-drafted yet gets the learned draft on every row. So rows keep the learned drafter's drafts unless the history has
-seen their text (a prompt's second epoch, a sibling that finished, a row repeating itself) and has been right
-there, at the cost of one suffix lookup per row and step. What it measured: docs/results.md (the suffix drafter).
+drafter's draft when the tokens it expects accepted exceed what the learned drafter has been accepting at this
+strategy (a running mean of its accepted tokens per verify, per strategy), and the learned drafter's draft
+otherwise. A strategy the learned drafter has not drafted yet gets the learned draft on every row.
+
+The suffix drafter's expectation is its score (how often the prompt's history continued that way, summed over
+the draft) times a trust that depends on how long a suffix of the row's context the history matched. Scores
+alone mislead both ways: a continuation seen once scores as certain, and on text a policy has not written before
+a 2-7 token match is mostly chance (deep_v2, new prompts: its drafts were followed for 0.3-0.4 of their score),
+while a 16+ token match is a prompt's earlier response coming back (followed beyond its score). So the trust is
+measured per class of match length (1, 2-3, 4-7, 8-15, 16-31, 32+): the tokens the rows went on to emit followed
+the class's drafts for so many tokens, over the drafts' scores (sums over about the last 20 steps that had such
+drafts, one expected token assumed, so 0 before any). Every row's suffix draft counts, taken or not: the suffix
+drafter drafts every row anyway, and the tokens a row emitted show how far its suffix draft would have been
+accepted (exactly on a suffix row; on a learned row up to the tokens it emitted, so never more than what the
+learned draft got plus one). So rows keep the learned drafter's drafts unless the history has seen their text (a
+prompt's second epoch, a sibling that finished, a row repeating itself) and such matches have been right, at the
+cost of one suffix lookup per row and step. What it measured: docs/results.md (the suffix drafter).
 
 When every row of a step takes the suffix draft, the learned drafter does not draft at all (it still follows the
 rows), so such steps cost next to nothing to draft.
@@ -42,23 +50,29 @@ from tlt.speculative.tree import DraftTree
 
 SOURCES = ("learned", "suffix")
 MEMORY = 0.05  # weight of the newest step in the running means (about the last 20 steps)
+MATCH_CLASSES = 6  # the suffix drafts' match lengths, in classes 1, 2-3, 4-7, 8-15, 16-31, 32 and more
+
+
+def match_class(match: int) -> int:
+    return min(max(match, 1).bit_length() - 1, MATCH_CLASSES - 1)
 
 
 class _Record:
     """What the choice learns from: the learned drafter's running mean of accepted tokens per verify (per
-    strategy), the running ratio of accepted to expected tokens on suffix rows, and per drafter the verifies
-    drafted and draft tokens accepted. Shared by a drafter and the copy a push gives the engine."""
+    strategy), per match-length class the running sums of the tokens suffix drafts were followed for and of
+    their scores, and per drafter the verifies drafted and draft tokens accepted. Shared by a drafter and the
+    copy a push gives the engine."""
 
     def __init__(self):
         self.learned_accepted: dict[SpecStrategy, float] = {}
-        self.suffix_sums = [0.0, 0.0]  # decaying sums of accepted and expected tokens on suffix rows
+        self.suffix_sums = [[0.0, 0.0] for _ in range(MATCH_CLASSES)]  # followed, expected tokens
         self.counts = {source: [0, 0] for source in SOURCES}
 
-    @property
-    def suffix_realized(self) -> float:
-        """Accepted / expected tokens on suffix rows so far (one token of each assumed, so 1 at the start)."""
-        accepted, expected = self.suffix_sums
-        return (accepted + 1) / (expected + 1)
+    def trust(self, match: int) -> float:
+        """Followed / expected tokens of the suffix drafts whose match length is in this one's class, so far
+        (one expected token assumed, so 0 before any)."""
+        followed, expected = self.suffix_sums[match_class(match)]
+        return followed / (expected + 1)
 
     def copy(self) -> _Record:
         return copy.deepcopy(self)
@@ -107,7 +121,7 @@ class ComposedDrafter(Drafter):
 
     def append(self, tokens: torch.Tensor, prev_hidden: torch.Tensor | None, counts: torch.Tensor) -> None:
         if self._last is not None:
-            self._learn(counts - 1)
+            self._learn(tokens, counts)
         self.learned.append(tokens, prev_hidden, counts)
         self.suffix.append(tokens, None, counts)
 
@@ -128,21 +142,17 @@ class ComposedDrafter(Drafter):
         """The suffix drafts first; the learned drafter drafts only when some row keeps its draft (when every
         row takes the suffix draft, the step skips the learned drafter's cost, and a deterministic tree goes
         to the verifier, which applies the target-only rule)."""
-        drafted, scores = self.suffix.propose_scored(strategy)
-        scores = torch.tensor(scores, device=drafted.tokens.device)
-        bar = self.record.learned_accepted.get(strategy)
-        take = (
-            scores * self.record.suffix_realized > bar
-            if bar is not None
-            else torch.zeros_like(scores, dtype=torch.bool)
-        )
-        self._last = (strategy, take, scores)
-        if bool(take.all()):
+        scored = self.suffix.propose_scored(strategy)
+        drafted, record = scored.tree, self.record
+        bar = record.learned_accepted.get(strategy)
+        take = [bar is not None and row.score * record.trust(row.match) > bar for row in scored.rows]
+        self._last = (strategy, take, scored.rows)
+        if all(take):
             return drafted
         learned = learned_draft()
-        if not bool(take.any()):
+        if not any(take):
             return learned
-        rows = take[:, None]
+        rows = torch.tensor(take, device=drafted.tokens.device)[:, None]
         tree = DraftTree(
             tokens=torch.where(rows, drafted.tokens, learned.tokens),
             parents=torch.where(rows, drafted.parents, learned.parents),
@@ -152,30 +162,32 @@ class ComposedDrafter(Drafter):
             tree.draft_probs = torch.where(rows[:, :, None], one_hot, learned.draft_probs)
         return tree
 
-    def _learn(self, accepted: torch.Tensor) -> None:
-        """Fold the last verify's accepted draft tokens ([B]) into the running means and the counts."""
-        strategy, take, scores = self._last
+    def _learn(self, tokens: torch.Tensor, counts: torch.Tensor) -> None:
+        """Fold the last verify into the record: the accepted tokens of the learned rows into its running mean,
+        every row's suffix draft (taken or not) with the tokens the row emitted into its match class's sums,
+        and the counts."""
+        strategy, take, drafts = self._last
         self._last = None
-        record = self.record
-        accepted = accepted.to(scores.device).clamp(min=0).float()
-        suffix_step = [0.0, 0.0]  # accepted, expected on this step's suffix rows
-        for source, rows in zip(SOURCES, (~take, take), strict=True):
-            n = int(rows.sum())
-            if n == 0:
-                continue
-            total = float(accepted[rows].sum())
-            record.counts[source][0] += n
-            record.counts[source][1] += int(total)
-            if source == "learned":
-                old = record.learned_accepted.get(strategy, total / n)
-                record.learned_accepted[strategy] = (1 - MEMORY) * old + MEMORY * total / n
-            else:
-                suffix_step = [total, float(scores[rows].sum())]
-        # the sums decay every verify, so a suffix drafter kept off by a poor record is tried again as its
-        # history grows (after about 1 / MEMORY steps its score counts nearly at face value again)
-        record.suffix_sums = [
-            (1 - MEMORY) * old + new for old, new in zip(record.suffix_sums, suffix_step, strict=True)
-        ]
+        record, step = self.record, {}
+        learned = [0, 0]  # rows, accepted tokens
+        for took, draft, emitted, n in zip(take, drafts, tokens.tolist(), counts.tolist(), strict=True):
+            source = record.counts["suffix" if took else "learned"]
+            source[0] += 1
+            source[1] += n - 1
+            if not took:
+                learned[0] += 1
+                learned[1] += n - 1
+            if draft.real > 1:  # followed: exact on a suffix row; on a learned row at most its n emitted tokens
+                sums = step.setdefault(match_class(draft.match), [0.0, 0.0])
+                sums[0] += draft.followed(emitted[:n])
+                sums[1] += draft.score
+        if learned[0]:
+            mean = learned[1] / learned[0]
+            old = record.learned_accepted.get(strategy, mean)
+            record.learned_accepted[strategy] = (1 - MEMORY) * old + MEMORY * mean
+        for cls, (followed, expected) in step.items():
+            old = record.suffix_sums[cls]
+            record.suffix_sums[cls] = [(1 - MEMORY) * old[0] + followed, (1 - MEMORY) * old[1] + expected]
 
     # ---- copies and persistence ---------------------------------------------------------------------------
 

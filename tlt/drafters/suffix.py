@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,6 +51,40 @@ INSTALL_HINT = (
     "or `pip install nanobind==2.9.2 ninja cmake && pip install --no-build-isolation arctic-inference==0.3.0`"
 )
 HISTORY_FILE = "history.json"
+
+
+@dataclass
+class RowDraft:
+    """One row's draft as lists, with what the history knows of it: `score`, the tokens it expects accepted
+    (arctic's score over the kept nodes: for a chain, the expected accepted length were the history's frequencies
+    the target's probabilities), and `match`, the length of the context's suffix the history matched (0: no
+    draft)."""
+
+    tokens: list[int]
+    parents: list[int]
+    real: int  # drafted nodes, the root included; filler after them
+    score: float
+    match: int
+
+    def followed(self, emitted: list[int]) -> int:
+        """Draft nodes the emitted tokens follow from the root: the draft tokens a verify of this draft accepted,
+        or would have accepted had these tokens been its target's (a row another drafter drafted)."""
+        node, depth = 0, 0
+        for token in emitted:
+            child = range(node + 1, self.real)  # a node's children come after it
+            node = next((i for i in child if self.parents[i] == node and self.tokens[i] == token), None)
+            if node is None:
+                return depth
+            depth += 1
+        return depth
+
+
+@dataclass
+class ScoredDrafts:
+    """A step's drafts: the batch's tree and each row's `RowDraft`."""
+
+    tree: DraftTree
+    rows: list[RowDraft]
 
 
 def suffix_tree_class():
@@ -204,20 +239,17 @@ class SuffixDrafter(Drafter):
         self.rows = [self.rows[r] for r in kept]
 
     def propose(self, strategy: SpecStrategy) -> DraftTree:
-        return self.propose_scored(strategy)[0]
+        return self.propose_scored(strategy).tree
 
-    def propose_scored(self, strategy: SpecStrategy) -> tuple[DraftTree, list[float]]:
-        """The drafts and, per row, the tokens it expects accepted: the sum over the draft's nodes of how often
-        the history continued that way (arctic's score; for a chain, the expected accepted length when the
-        history's frequencies are the target's probabilities)."""
-        rows = [self._row_tree(row, strategy) for row in self.rows]
-        both = host_tensor([[row[0] for row in rows], [row[1] for row in rows]], self.device)
-        tree = DraftTree(tokens=both[0], parents=both[1], real=[row[2] for row in rows])  # one host copy
-        return tree, [row[3] for row in rows]
+    def propose_scored(self, strategy: SpecStrategy) -> ScoredDrafts:
+        """The drafts with, per row, the history's own expectation of them and its match length."""
+        rows = [self._row_draft(row, strategy) for row in self.rows]
+        both = host_tensor([[row.tokens for row in rows], [row.parents for row in rows]], self.device)
+        tree = DraftTree(tokens=both[0], parents=both[1], real=[row.real for row in rows])  # one host copy
+        return ScoredDrafts(tree, rows)
 
-    def _row_tree(self, row: _Row, strategy: SpecStrategy) -> tuple[list[int], list[int], int, float]:
-        """(tokens, parents, drafted nodes with the root, score) of the row's draft: arctic's chain or tree, cut
-        to the strategy, then filler."""
+    def _row_draft(self, row: _Row, strategy: SpecStrategy) -> RowDraft:
+        """The row's draft: arctic's chain or tree, cut to the strategy, then filler."""
         tree = strategy.topk > 1  # a tree's node budget is the strategy's nodes; the trie cuts it to its shape
         budget = strategy.verify_tokens - 1 if tree else strategy.steps
         draft = row.history.speculate(row.context, budget, self.spec_factor, self.min_token_prob, tree)
@@ -226,14 +258,15 @@ class SuffixDrafter(Drafter):
             kept = draft.token_ids[: min(strategy.steps, N - 1)]
             tokens = [root, *kept]
             real = len(tokens)
-            return tokens + [root] * (N - real), list(range(-1, N - 1)), real, sum(draft.probs[: len(kept)])
+            score = sum(draft.probs[: len(kept)])
+            return RowDraft(tokens + [root] * (N - real), list(range(-1, N - 1)), real, score, draft.match_len)
         trie, nodes = _Trie(root, strategy), []
         for token, parent in zip(draft.token_ids, draft.parents, strict=True):  # topological: parents first
             under = 0 if parent < 0 else nodes[parent]
             nodes.append(None if under is None else trie.attach(under, token))
         trie.pad(root)
         score = sum(p for p, node in zip(draft.probs, nodes, strict=True) if node is not None)  # of the kept nodes
-        return trie.tokens, trie.parents, trie.real, score
+        return RowDraft(trie.tokens, trie.parents, trie.real, score, draft.match_len)
 
     def for_engine(self) -> SuffixDrafter:
         return self  # its history is what the engine feeds it (Drafter.for_engine)
