@@ -113,6 +113,11 @@ def _totals(runs: list[dict]) -> dict:
     return {key: sum(x[key] for x in runs) for key in SUMMED}
 
 
+def time_ratios(report: dict, arm: str, number: int) -> list[float]:
+    """Per round, eagle's seconds over the arm's in pass `number` (0 or 1): > 1 is faster than EAGLE alone."""
+    return [r["eagle"][number]["seconds"] / r[arm][number]["seconds"] for r in report["rounds"]]
+
+
 def summarize(report: dict) -> list[dict]:
     """Per pass and arm: the sums over rounds (and the median time ratio) the table shows."""
     rows = []
@@ -130,9 +135,7 @@ def summarize(report: dict) -> list[dict]:
                 "tokens": total["tokens"],
                 "tokens_per_second": tokens_per_second(total),
                 "vs_eagle": tokens_per_second(total) / eagle_rate,
-                "time_ratio_median": statistics.median(
-                    e["seconds"] / x["seconds"] for x, e in zip(runs, eagle, strict=True)
-                ),
+                "time_ratios": time_ratios(report, arm, number),
                 "accepted_per_verify": total["accepted"] / max(total["sd_verifies"], 1),
                 "sd_share": total["sd_tokens"] / total["tokens"],
             }
@@ -160,10 +163,10 @@ def table(report: dict) -> str:
         f"tuner `{s['tuner']}` over {s['strategies']}, native engine, one process; pass 2: the same prompts with "
         f"another seed (the suffix history keeps pass 1). {s['rounds']} rounds, each its own sample set (seeds "
         "2r + 1, 2r + 2), arms in rotated order; sums over rounds (tokens/s vs eagle: > 1 is faster; time ratio: "
-        f"median over rounds of eagle's seconds / the arm's). Machine: {m.get('cpu_model')}, torch threads "
+        f"eagle's seconds / the arm's per round, median and range). Machine: {m.get('cpu_model')}, torch threads "
         f"{m.get('torch_threads')}. Written by eval/bench_composed.py from composed.json.",
         "",
-        "| pass | arm | rollout s | tokens | tokens/s | vs eagle | time ratio (median) | accepted / SD verify | "
+        "| pass | arm | rollout s | tokens | tokens/s | vs eagle | time ratio: median (range) | accepted / SD verify | "
         "SD token share | suffix share of SD verifies | accepted / verify: suffix, learned |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -175,10 +178,14 @@ def table(report: dict) -> str:
             parts = f"{r['suffix_accepted']:.2f}, {r['learned_accepted']:.2f}"
         lines.append(
             f"| {r['pass']} | {r['arm']} | {r['seconds']:.1f} | {r['tokens']} | {r['tokens_per_second']:.0f} | "
-            f"{r['vs_eagle']:.2f}x | {r['time_ratio_median']:.2f}x | {r['accepted_per_verify']:.2f} | "
+            f"{r['vs_eagle']:.2f}x | {_spread(r['time_ratios'])} | {r['accepted_per_verify']:.2f} | "
             f"{r['sd_share']:.0%} | {share} | {parts} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}x)"
 
 
 def main(argv=None) -> int:

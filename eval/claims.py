@@ -40,12 +40,23 @@ DRIFT_CMD = (
 )
 ABLATION = [RESULTS / f"ablation_deep_v2/seed{s}" for s in range(5)]
 ABLATION_CMD = "`tlt sweep configs/ablation.yaml` (seed 0); `tlt sweep configs/ablation.yaml --output-dir DIR seed=N`"
-COMPOSED_FRESH = [RESULTS / f"composed_fresh_deep_v2_packed/seed{s}" for s in range(3)]
+COMPOSED_BENCH_CMD = (
+    "`python -m eval.bench_composed --target tlt/assets/deep_v2/policy --drafter tlt/assets/deep_v2/drafter {args} "
+    "--out DIR`"
+)
+GREEDY_ARGS = "--prompts 32 --samples 1 --max-new-tokens 256 --temperature 0 --rounds 20"
+# (results, what the claims call the setting, the bench's arguments)
+COMPOSED_BENCH = [
+    ("composed_deep_v2_trust_greedy", "greedy, cost tuner", GREEDY_ARGS),
+    ("composed_deep_v2_trust_greedy_fixed", "greedy, 5_1_6", f"{GREEDY_ARGS} --tuner fixed --strategies 5_1_6"),
+    ("composed_deep_v2_trust", "T = 1, cost tuner", "--prompts 16 --samples 8 --max-new-tokens 256 --rounds 5"),
+]
+COMPOSED_FRESH = [RESULTS / f"composed_fresh_deep_v2_trust/seed{s}" for s in range(3)]
 COMPOSED_FRESH_CMD = (
     "`tlt sweep configs/composed_epochs.yaml --output-dir DIR data.train_size=20000 grpo.steps=24 seed=N`"
 )
-COMPOSED_EPOCHS = [RESULTS / f"composed_epochs_deep_v2_packed/seed{s}" for s in range(3)]
-COMPOSED_EPOCHS_CMD = "`tlt sweep configs/composed_epochs.yaml` (seed 0); `... --output-dir DIR seed=N`"
+COMPOSED_EPOCHS = [RESULTS / f"composed_epochs_deep_v2_trust/seed{s}" for s in range(3)]
+COMPOSED_EPOCHS_CMD = "`tlt sweep configs/composed_epochs.yaml --output-dir DIR seed=N`"
 DRAFTERS = RESULTS / "drafter_deep_v2/acceptance.json"
 DRAFTERS_CMD = (
     "`python -m eval.drafter_acceptance --policy tlt/assets/deep_v2/policy --drafter deep_v1=DIR "
@@ -174,6 +185,24 @@ def composed_rows() -> list[Row]:
     )
 
 
+def composed_bench_rows() -> list[Row]:
+    """EAGLE + suffix against EAGLE alone through the engine (eval.bench_composed), deep_v2: EAGLE's seconds over
+    the composition's per round, on prompts new to it and on the same prompts a pass later."""
+    from eval.bench_composed import time_ratios
+
+    rows = []
+    for name, setting, args in COMPOSED_BENCH:
+        path = RESULTS / name / "composed.json"
+        if not (ROOT / path).exists():
+            continue
+        data = _load(path)
+        for number, when in enumerate(("prompts new to it", "a pass later")):
+            claim = f"composed / EAGLE alone through the engine, {setting}, {when} (EAGLE's seconds / its, per round)"
+            ratios = time_ratios(data, "composed", number)
+            rows.append(Row(claim, ratios, "x", _machine(data), COMPOSED_BENCH_CMD.format(args=args), path))
+    return rows
+
+
 def sweep_rows(label: str, folders: list[Path], command: str) -> list[Row]:
     """Per seed of a sweep: each cell's speedups over its first cell (`tlt.eval.sweep.speedups`: rollout and
     whole-cell seconds, rollout throughput), in the sweep's order (sweep.csv)."""
@@ -294,7 +323,7 @@ def graphs_rows() -> list[Row]:
 
 def render() -> str:
     rows = main_job_rows() + drafter_rows() + sd_rows() + drift_rows() + ablation_rows() + suffix_rows()
-    rows += ragged_rows() + composed_rows()
+    rows += ragged_rows() + composed_bench_rows() + composed_rows()
     rows += peer_rows() + graphs_rows()
     sources: dict[Path, int] = {}
     for row in rows:

@@ -18,6 +18,9 @@ RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
         "composed_deep_v2_packed",
         "composed_deep_v2_packed_greedy",
         "composed_deep_v2_packed_greedy_fixed",
+        "composed_deep_v2_trust",
+        "composed_deep_v2_trust_greedy",
+        "composed_deep_v2_trust_greedy_fixed",
     ],
 )
 def test_the_committed_report_renders_from_its_json(folder):
@@ -41,6 +44,6 @@ def test_tokens_per_second_are_summed_over_rounds_and_compared_with_eagle():
     rows = {(r["pass"], r["arm"]): r for r in summarize({"rounds": rounds})}
     composed = rows[(1, "composed")]
     assert composed["tokens_per_second"] == 200 / 2.5 and composed["vs_eagle"] == 0.8
-    assert composed["time_ratio_median"] == (2.0 + 0.5) / 2  # median of 1 / 0.5 and 1 / 2
+    assert composed["time_ratios"] == [2.0, 0.5]  # eagle's 1 s over 0.5 s and 2 s, per round
     assert composed["suffix_share"] == 0.1 and composed["suffix_accepted"] == 3
     assert rows[(2, "plain")]["vs_eagle"] == 0.5

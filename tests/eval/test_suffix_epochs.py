@@ -19,6 +19,8 @@ RESULTS = Path(__file__).resolve().parents[2] / "eval" / "results"
         "suffix_epochs_tiny",
         "composed_epochs_deep_v2_packed",
         "composed_fresh_deep_v2_packed",
+        "composed_epochs_deep_v2_trust",
+        "composed_fresh_deep_v2_trust",
     ],
 )
 def test_the_committed_report_renders_from_its_json(folder):
