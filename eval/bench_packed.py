@@ -25,15 +25,12 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 from tlt.backends.native import NativeEngine
 from tlt.drafters import drafter_from_spec
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import decode_each, first_pass_history, rotated
+from tlt.eval.bench.passes import decode_each, first_pass_history, measure, rotated
 from tlt.eval.bench.sd.costs import forward_seconds
 from tlt.eval.heldout import heldout_prompt_ids
-from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.models.lean import LeanModel, packable
@@ -229,10 +226,7 @@ def table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    torch.set_num_threads(1)
-    print(write_report(Path(args.out) / "packed.md", run(args), table))
-    return 0
+    return measure(_args(argv), run, table, "packed.md")
 
 
 if __name__ == "__main__":

@@ -26,16 +26,12 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
-
-import torch
 
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import sd_sums, tokens_per_second, two_pass_rounds
+from tlt.eval.bench.passes import measure, sd_sums, tokens_per_second, two_pass_rounds
 from tlt.eval.heldout import heldout_prompt_ids
-from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners import build_tuner
@@ -208,10 +204,7 @@ def table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    torch.set_num_threads(1)
-    print(write_report(Path(args.out) / "ragged.md", run(args), table))
-    return 0
+    return measure(_args(argv), run, table, "ragged.md")
 
 
 if __name__ == "__main__":

@@ -34,8 +34,8 @@ from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters.ngram import NgramDrafter
 from tlt.drafters.suffix import SuffixDrafter
+from tlt.eval.bench.passes import measure
 from tlt.eval.heldout import heldout_prompt_ids
-from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.speculative.strategy import SpecStrategy
@@ -263,10 +263,7 @@ HINDSIGHT_NOTE = (
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    torch.set_num_threads(1)
-    print(write_report(Path(args.out) / "suffix.md", run(args), table))
-    return 0
+    return measure(_args(argv), run, table, "suffix.md")
 
 
 if __name__ == "__main__":

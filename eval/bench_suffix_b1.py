@@ -18,13 +18,10 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 from tlt.backends.native import NativeEngine
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import decode_each, first_pass_history, rotated
+from tlt.eval.bench.passes import decode_each, first_pass_history, measure, rotated
 from tlt.eval.heldout import heldout_prompt_ids
-from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners.base import FixedTuner
@@ -152,10 +149,7 @@ def table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    torch.set_num_threads(1)
-    print(write_report(Path(args.out) / "suffix_b1.md", run(args), table))
-    return 0
+    return measure(_args(argv), run, table, "suffix_b1.md")
 
 
 if __name__ == "__main__":

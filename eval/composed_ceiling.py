@@ -25,17 +25,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 from eval.long_tail import RANGES, batch_range
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
 from tlt.drafters.base import Drafter
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import first_pass_history
+from tlt.eval.bench.passes import first_pass_history, measure
 from tlt.eval.heldout import heldout_prompt_ids
-from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners.base import FixedTuner
@@ -226,10 +223,7 @@ def table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    torch.set_num_threads(1)
-    print(write_report(Path(args.out) / "composed_ceiling.md", run(args), table))
-    return 0
+    return measure(_args(argv), run, table, "composed_ceiling.md")
 
 
 if __name__ == "__main__":

@@ -24,17 +24,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import torch
-
 from eval.composed_ceiling import Observed
 from tlt.backends.base import SamplingParams
 from tlt.backends.native import NativeEngine
 from tlt.drafters import load_drafter
 from tlt.drafters.composed import MATCH_CLASSES, match_class
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import first_pass_history
+from tlt.eval.bench.passes import first_pass_history, measure
 from tlt.eval.heldout import heldout_prompt_ids
-from tlt.files import write_report
 from tlt.machine import describe_machine
 from tlt.models.io import load_hf_folder
 from tlt.schedulers.tuners.base import FixedTuner
@@ -147,10 +144,7 @@ def table(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    args = _args(argv)
-    torch.set_num_threads(1)
-    print(write_report(Path(args.out) / "suffix_trust.md", run(args), table))
-    return 0
+    return measure(_args(argv), run, table, "suffix_trust.md")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """Arms compared in interleaved rounds: the order of a round (`rotated`, for every benchmark that takes turns), the
 two-pass round loop of eval/bench_composed.py and eval/bench_ragged.py, a first pass as a suffix drafter's history
-and prompt-by-prompt decoding (eval/bench_suffix_b1.py, eval/bench_packed.py), and the sums a pass reports from
-the engine's step stats."""
+and prompt-by-prompt decoding (eval/bench_suffix_b1.py, eval/bench_packed.py), the sums a pass reports from the
+engine's step stats, and the entry point the eval/ scripts share (`measure`)."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from tlt.backends.base import SamplingParams
@@ -16,6 +17,18 @@ if TYPE_CHECKING:
     from tlt.backends.native import NativeEngine
 
 T = TypeVar("T")
+
+
+def measure(args, run: Callable, render: Callable[[dict], str], report: str) -> int:
+    """An eval/ script's main: one torch thread, `run(args)`'s raw report written as JSON and `render`ed as
+    Markdown to `args.out`/`report` (tlt.files.write_report), the Markdown printed."""
+    import torch
+
+    from tlt.files import write_report
+
+    torch.set_num_threads(1)
+    print(write_report(Path(args.out) / report, run(args), render))
+    return 0
 
 
 def rotated(arms: Sequence[T], round_: int) -> list[T]:
