@@ -113,8 +113,19 @@ def test_save_and_load_keep_both_parts_and_the_history(target, tmp_path):
     loaded = load_drafter(tmp_path / "c")
     assert isinstance(loaded, ComposedDrafter) and loaded.parts == ["eagle", "suffix"]
     assert loaded.suffix.history() == d.suffix.history()
+    assert loaded.record.learned_accepted == d.record.learned_accepted and d.record.learned_accepted
+    assert loaded.record.suffix_sums == d.record.suffix_sums and any(f or e for f, e in d.record.suffix_sums)
     for a, b in zip(loaded.learned.head.state_dict().values(), d.learned.head.state_dict().values(), strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("record", ["{", '{"learned_accepted": {"5_1": 1.0}, "suffix_sums": []}', "[1, 2]"])
+def test_a_corrupt_record_is_named_and_the_folder_left_as_it_was(target, tmp_path, record):
+    composed(target).save(tmp_path / "c")
+    (tmp_path / "c" / "record.json").write_text(record)
+    with pytest.raises(ValueError, match="record.json"):
+        load_drafter(tmp_path / "c")
+    assert (tmp_path / "c" / "record.json").read_text() == record
 
 
 @pytest.mark.parametrize("parts", [("suffix", "suffix"), ("eagle", "ngram")])
@@ -155,6 +166,7 @@ def test_tlt_train_with_eagle_plus_suffix_trains_eagle_attributes_rows_and_resum
     saved = load_drafter(tmp_path / "rl" / "checkpoint" / "drafter")
     assert isinstance(saved, ComposedDrafter)
     assert sum(len(h["responses"]) for h in saved.suffix.history()) == 2 * 2 * 4  # 2 steps x 2 prompts x 4
+    assert saved.record.learned_accepted  # the choice's record went into the checkpoint with it
     assert load_drafter(tmp_path / "rl" / "drafter_latest").kind == "eagle"  # the trained part's checkpoint
     assert main([*args, "grpo.steps=3"]) == 0
     resumed = load_drafter(tmp_path / "rl" / "checkpoint" / "drafter").suffix.history()

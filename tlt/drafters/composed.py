@@ -39,6 +39,7 @@ rule, exact like every other row. Trees (topk > 1) are deterministic in both dra
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
@@ -51,6 +52,7 @@ from tlt.speculative.tree import DraftTree
 
 SOURCES = ("learned", "suffix")
 MEMORY = 0.05  # weight of the newest step in the running means (about the last 20 steps)
+RECORD_FILE = "record.json"
 MATCH_CLASSES = 6  # the suffix drafts' match lengths, in classes 1, 2-3, 4-7, 8-15, 16-31, 32 and more
 
 
@@ -77,6 +79,25 @@ class _Record:
 
     def copy(self) -> _Record:
         return copy.deepcopy(self)
+
+    def state(self) -> dict:
+        """What `save` keeps of it (the counts are per run, not kept)."""
+        learned = {str(strategy): value for strategy, value in self.learned_accepted.items()}
+        return {"learned_accepted": learned, "suffix_sums": self.suffix_sums}
+
+    @classmethod
+    def from_state(cls, state: dict, source: Path) -> _Record:
+        """The record `state()` described; a ValueError naming `source` when it is not one."""
+        record = cls()
+        try:
+            learned = {SpecStrategy.parse(k): float(v) for k, v in state["learned_accepted"].items()}
+            sums = [[float(followed), float(expected)] for followed, expected in state["suffix_sums"]]
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"{source}: not a composed drafter's record ({e!r})") from e
+        if len(sums) != MATCH_CLASSES or min(min(pair) for pair in sums) < 0:
+            raise ValueError(f"{source}: suffix_sums must be {MATCH_CLASSES} pairs of numbers >= 0, got {sums}")
+        record.learned_accepted, record.suffix_sums = learned, sums
+        return record
 
 
 class ComposedDrafter(Drafter):
@@ -209,11 +230,15 @@ class ComposedDrafter(Drafter):
         return twin
 
     def save(self, path: str | Path) -> None:
-        """`learned/` and `suffix/` (each a saved drafter folder) and the composition's tlt_drafter.json."""
+        """`learned/` and `suffix/` (each a saved drafter folder), the choice's record (`record.json`: the learned
+        drafter's running means and the trust per match class, so a resumed run keeps them) and the
+        composition's tlt_drafter.json."""
+        record = self.record.state()
 
         def fill(folder: Path) -> None:
             self.learned.save(folder / "learned")
             self.suffix.save(folder / "suffix")
+            (folder / RECORD_FILE).write_text(json.dumps(record))
 
         save_folder(path, fill, {"kind": self.kind, "parts": self.parts})
 
@@ -222,4 +247,12 @@ class ComposedDrafter(Drafter):
         payload = read_drafter_json(path)
         if payload.get("kind") != cls.kind:
             raise ValueError(f"{path} holds another kind of drafter, not {cls.kind!r}")
-        return cls(*(load_drafter(Path(path) / name) for name in SOURCES))
+        drafter = cls(*(load_drafter(Path(path) / name) for name in SOURCES))
+        record = Path(path) / RECORD_FILE
+        if record.is_file():  # folders saved before the record was kept start a fresh one
+            try:
+                state = json.loads(record.read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{record}: not JSON ({e})") from e
+            drafter.record = _Record.from_state(state, record)
+        return drafter
