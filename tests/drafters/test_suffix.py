@@ -227,3 +227,11 @@ def test_followed_is_the_deepest_draft_path_the_emitted_tokens_start_with(paths,
 
     expected = max(len(p) for p in map(root_path, range(trie.real)) if p == emitted[: len(p)])
     assert draft.followed(emitted) == expected
+
+
+def test_a_prompt_longer_than_the_trees_depth_still_drafts_from_its_beginning():
+    """Responses are indexed after the prompt's last max_depth tokens; a longer prompt keeps a tree of its own."""
+    d = SuffixDrafter(max_depth=4)
+    _start(d, [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    _append(d, [[1, 2, 3]])
+    assert _chain(d)[0][:1] == [4]  # "1 2 3" continued as "4" only before the lead (9 10 11 12)

@@ -8,8 +8,8 @@ otherwise. A strategy the learned drafter has not drafted yet gets the learned d
 The suffix drafter's expectation is its score (how often the prompt's history continued that way, summed over
 the draft) times a trust that depends on how long a suffix of the row's context the history matched. Scores
 alone mislead both ways: a continuation seen once scores as certain, and on text a policy has not written before
-a 1-7 token match is mostly chance (deep_v2, new prompts: its drafts were followed for 0.3-0.4 of their score),
-while a 16-31 token match is mostly text written before coming back (followed for 1.2-1.5 of it;
+a 1-7 token match is mostly chance (deep_v2, new prompts: its drafts were followed for 0.4-0.7 of their score),
+while a 16-31 token match is mostly text written before coming back (followed for 1.15-1.5 of it;
 eval/results/suffix_trust_deep_v2). So the trust is
 measured per class of match length (1, 2-3, 4-7, 8-15, 16-31, 32+): the tokens the rows went on to emit followed
 the class's drafts for so many tokens, over the drafts' scores (sums over about the last 20 steps that had such
