@@ -349,3 +349,28 @@ def test_sampled_chains_emit_the_targets_distribution(real) -> None:
     if real != [1]:  # the first draft can be accepted: what follows it follows p after token 1
         freq = torch.bincount(torch.tensor(second), minlength=V).float() / len(second)
         torch.testing.assert_close(freq, p[1], atol=0.05, rtol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    case=random_trees(),
+    params=st.sampled_from([GREEDY, *(SamplingParams(temperature=t, top_p=p, top_k=k) for t, p, k in SAMPLED_PARAMS)]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_walk_stopping_early_changes_nothing(
+    case: tuple[DraftTree, torch.Tensor], params: SamplingParams, seed: int
+) -> None:
+    """On the CPU the level walk stops where no row goes on; walking every level gives the same path and bonus
+    from the same generator (every level's coins are drawn before the walk)."""
+    tree, table = case
+    if verify_mod._is_chain(tree) and tree.num_nodes > 2:  # chains are verified all at once, with no walk
+        tree.parents[:, -1] = 0
+    logits = node_logits(table, tree)
+    levels = tree.num_nodes - 1  # deeper than most trees: the engine passes its strategy's depth
+    early = verify_tree(tree, logits, params, torch.Generator().manual_seed(seed), num_levels=levels)
+    walk = verify_mod._walk_levels
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(verify_mod, "_walk_levels", lambda *args: walk(*args, stop_early=False))
+        full = verify_tree(tree, logits, params, torch.Generator().manual_seed(seed), num_levels=levels)
+    assert torch.equal(early.path, full.path) and torch.equal(early.bonus, full.bonus)
+    assert torch.equal(early.num_accepted, full.num_accepted)

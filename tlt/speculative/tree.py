@@ -43,21 +43,24 @@ class DraftTree:
         return DraftTree(self.tokens[:, :width], self.parents[:, :width], probs, real)
 
     def depths(self) -> torch.Tensor:
-        """[B, N] depth of each node (root = 0)."""
-        depth = torch.zeros_like(self.parents)
-        for i in range(1, self.num_nodes):
-            depth[:, i] = depth.gather(1, self.parents[:, i : i + 1].clamp(min=0)).squeeze(1) + 1
+        """[B, N] depth of each node (root = 0), by pointer jumping: log2(N) gathers, not one per node."""
+        up = self.parents.clamp(min=0)  # the root is its own parent
+        depth = (self.parents >= 0).long()  # distance from each node to `up`
+        for _ in range(_jumps(self.num_nodes)):
+            depth = depth + depth.gather(1, up)
+            up = up.gather(1, up)
         return depth
 
     def ancestor_mask(self) -> torch.Tensor:
-        """[B, N, N] bool: mask[b, i, j] when node j is node i or one of its ancestors (tree attention)."""
+        """[B, N, N] bool: mask[b, i, j] when node j is node i or one of its ancestors (tree attention); by
+        pointer jumping as `depths`: mask[i] holds the path from i up to `up[i]`, which doubles each round."""
         B, N = self.parents.shape
-        mask = torch.zeros(B, N, N, dtype=torch.bool, device=self.parents.device)
-        mask[:, 0, 0] = True
-        rows = torch.arange(B, device=self.parents.device)
-        for i in range(1, N):
-            mask[:, i] = mask[rows, self.parents[:, i]]
-            mask[:, i, i] = True
+        up = self.parents.clamp(min=0)
+        eye = torch.eye(N, dtype=torch.bool, device=self.parents.device).expand(B, N, N)
+        mask = eye | torch.nn.functional.one_hot(up, N).bool()
+        for _ in range(_jumps(N)):
+            mask = mask | mask.gather(1, up[:, :, None].expand(B, N, N))
+            up = up.gather(1, up)
         return mask
 
     @staticmethod
@@ -66,6 +69,11 @@ class DraftTree:
         B, N = tokens.shape
         parents = torch.arange(-1, N - 1, device=tokens.device).expand(B, N).contiguous()
         return DraftTree(tokens=tokens, parents=parents)
+
+
+def _jumps(num_nodes: int) -> int:
+    """Pointer-jumping rounds that reach the root from any node of an N-node tree (depth <= N - 1)."""
+    return max(num_nodes - 2, 0).bit_length()
 
 
 @dataclass

@@ -32,26 +32,33 @@ def _first_true(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mask.int().argmax(dim=1), mask.any(dim=1)
 
 
-ChooseChild = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+ChooseChild = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _walk_levels(
-    num_levels: int, B: int, device: torch.device, choose: ChooseChild
+    num_levels: int, B: int, device: torch.device, choose: ChooseChild, stop_early: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Walk down from the root; `choose(cur [B], active [B]) -> (child [B], found [B])` picks each level.
+    """Walk down from the root; `choose(level, cur [B], active [B]) -> (child [B], found [B])` picks each level
+    (level 0 is the root's children).
 
-    Returns (path [B, K + 1], num_accepted [B], last node [B]).
+    stop_early (default: on the CPU): stop at the first level where no row went on, which reading costs no host
+    sync there; on an accelerator every one of `num_levels` is walked, so nothing waits for the device. The
+    result is the same either way. Returns (path [B, K + 1], num_accepted [B], last node [B]).
     """
+    if stop_early is None:
+        stop_early = device.type == "cpu"
     cur = torch.zeros(B, dtype=torch.long, device=device)
     active = torch.ones(B, dtype=torch.bool, device=device)
     path = torch.full((B, num_levels + 1), -1, dtype=torch.long, device=device)
     path[:, 0] = 0
-    for level in range(1, num_levels + 1):
-        child, found = choose(cur, active)
+    for level in range(num_levels):
+        child, found = choose(level, cur, active)
         found = found & active
         cur = torch.where(found, child, cur)
-        path[:, level] = torch.where(found, child, -1)
+        path[:, level + 1] = torch.where(found, child, -1)
         active = found
+        if stop_early and not active.any():
+            break
     num_accepted = (path[:, 1:] >= 0).sum(dim=1)
     return path, num_accepted, cur
 
@@ -64,20 +71,19 @@ def _verify_greedy(tree: DraftTree, target_logits: torch.Tensor, num_levels: int
     if real is not None:
         matches &= real
 
-    def choose(cur: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def choose(level: int, cur: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _first_true((tree.parents == cur[:, None]) & matches)
 
     path, num_accepted, last = _walk_levels(num_levels, tree.tokens.shape[0], tree.tokens.device, choose)
     return VerifyResult(path=path, num_accepted=num_accepted, bonus=best.gather(1, last[:, None]).squeeze(1))
 
 
-def _child_mass(p_cur: torch.Tensor, tokens: torch.Tensor, is_child: torch.Tensor) -> torch.Tensor:
-    """[B, N] target probability of each child's token; non-children and repeated child tokens get 0."""
-    N = tokens.shape[1]
-    earlier = torch.ones(N, N, dtype=torch.bool, device=tokens.device).tril(diagonal=-1)  # [N, N] j' < j
-    same = (tokens[:, :, None] == tokens[:, None, :]) & is_child[:, None, :] & earlier  # [B, N, N]
-    counted = is_child & ~same.any(dim=-1)
-    return p_cur.gather(1, tokens) * counted
+def _repeats(tree: DraftTree) -> torch.Tensor:
+    """[B, N] bool: the node repeats the token of an earlier sibling (such a child adds no mass of its own)."""
+    N = tree.num_nodes
+    earlier = torch.ones(N, N, dtype=torch.bool, device=tree.tokens.device).tril(diagonal=-1)  # [N, N] j < i
+    same = (tree.tokens[:, :, None] == tree.tokens[:, None, :]) & (tree.parents[:, :, None] == tree.parents[:, None, :])
+    return (same & earlier).any(dim=-1)
 
 
 def _remove_children(p_cur: torch.Tensor, tokens: torch.Tensor, is_child: torch.Tensor) -> torch.Tensor:
@@ -99,15 +105,16 @@ def _verify_sampled(
     node_ids = torch.arange(tree.num_nodes, device=probs.device)
     real = tree.real_mask()
     drafted = tree.parents >= 0 if real is None else real  # filler is no child: never tried, never removed
+    counted = drafted & ~_repeats(tree)  # [B, N] children whose token carries mass
+    token_probs = probs.gather(2, tree.tokens[:, None, :].expand(-1, probs.shape[1], -1))  # [B, N, N]: p_i(x_j)
+    coins = torch.rand(B, num_levels, generator=generator, device=probs.device)  # one per row and level
 
-    def choose(cur: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def choose(level: int, cur: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         is_child = (tree.parents == cur[:, None]) & active[:, None] & drafted  # [B, N]
-        p_cur = probs[rows, cur]  # [B, V]
-        mass = _child_mass(p_cur, tree.tokens, is_child)  # [B, N]
-        u = torch.rand(B, generator=generator, device=probs.device)
-        child, found = _first_accepted(mass.cumsum(dim=1), u)
+        mass = token_probs[rows, cur] * (is_child & counted)  # [B, N]
+        child, found = _first_accepted(mass.cumsum(dim=1), coins[:, level])
         # Children covering all of p make rejection impossible; a float-rounding miss takes the last one.
-        no_rest = _remove_children(p_cur, tree.tokens, is_child).sum(dim=1) <= 0
+        no_rest = _remove_children(probs[rows, cur], tree.tokens, is_child).sum(dim=1) <= 0
         last = ((mass > 0) * node_ids).argmax(dim=1)
         forced = no_rest & ~found & (mass > 0).any(dim=1)
         return torch.where(forced, last, child), found | forced
