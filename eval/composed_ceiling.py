@@ -23,7 +23,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from eval.long_tail import RANGES, batch_range
 from tlt.backends.base import SamplingParams
@@ -153,27 +157,53 @@ def _suffixes(spec: str, history: list[dict]) -> dict[str, tuple[SuffixDrafter, 
     return out
 
 
+@dataclass
+class Replay:
+    """What a replay's passes share: the policy, its EOS id, the engines' length (room for EAGLE's widest verify
+    after the longest response), the EAGLE drafter, the held-out prompts and a plain engine for first passes."""
+
+    model: torch.nn.Module
+    eos: int
+    max_seq_len: int
+    eagle: Drafter
+    prompts: list[list[int]]
+    plain: NativeEngine
+
+    @classmethod
+    def load(cls, args) -> Replay:
+        model, tokenizer = load_hf_folder(args.target)
+        prompts = heldout_prompt_ids(tokenizer, args.prompts)
+        widest = SpecStrategy.parse(args.strategy).verify_tokens
+        max_seq_len = max(map(len, prompts)) + args.max_new_tokens + widest
+        plain = NativeEngine(model, tokenizer.eos_token_id, max_seq_len)
+        return cls(model, tokenizer.eos_token_id, max_seq_len, load_drafter(args.drafter), prompts, plain)
+
+    def history(self, args, round_: int) -> list[dict]:
+        """Round `round_`'s suffix history: a plain pass over the prompts, `args.samples` each, seed 2r + 1."""
+        return first_pass_history(self.plain, self.prompts, args.samples, args.max_new_tokens, seed=2 * round_ + 1)
+
+    def observe(self, observed: Observed, args, seed: int, tally: Callable, sums: dict) -> None:
+        """EAGLE at `args.strategy` on every step decodes the prompts at T = 1, `args.samples` each and
+        `args.group` prompts per generate() call (seed: `seed` + the call's first prompt), while `observed`'s
+        suffix drafters draft beside it; each call's records and responses go to `tally(records, responses,
+        sums)`."""
+        tuner = FixedTuner(args.strategy, threshold=1 << 30)
+        engine = NativeEngine(self.model, self.eos, self.max_seq_len, tuner=tuner, drafter=observed)
+        for start in range(0, len(self.prompts), args.group):
+            observed.records = []
+            sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=seed + start)
+            rollouts = engine.generate(self.prompts[start : start + args.group], sampling, n=args.samples)
+            tally(observed.records, [r.token_ids.tolist() for r in rollouts], sums)
+
+
 def run(args) -> dict:
-    model, tokenizer = load_hf_folder(args.target)
-    eagle = load_drafter(args.drafter)
-    prompts = heldout_prompt_ids(tokenizer, args.prompts)
-    widest = SpecStrategy.parse(args.strategy).verify_tokens
-    eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + widest
-    plain = NativeEngine(model, eos, max_seq_len)
+    replay = Replay.load(args)
     names = args.suffix.split(",")
     rounds = []
     for round_ in range(args.rounds):
-        history = first_pass_history(plain, prompts, args.samples, args.max_new_tokens, seed=2 * round_ + 1)
-        observed = Observed(eagle.clone(), _suffixes(args.suffix, history))
-        engine = NativeEngine(
-            model, eos, max_seq_len, tuner=FixedTuner(args.strategy, threshold=1 << 30), drafter=observed
-        )
         sums = {name: {} for name in names}
-        for start in range(0, len(prompts), args.group):
-            observed.records = []
-            sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=2 * round_ + 2 + start)
-            rollouts = engine.generate(prompts[start : start + args.group], sampling, n=args.samples)
-            tally(observed.records, [r.token_ids.tolist() for r in rollouts], sums)
+        observed = Observed(replay.eagle.clone(), _suffixes(args.suffix, replay.history(args, round_)))
+        replay.observe(observed, args, 2 * round_ + 2, tally, sums)
         rounds.append(sums)
         merged = {n: _ratio(s) for n, s in sums.items()}
         print(f"[composed_ceiling] round {round_ + 1}/{args.rounds}: merged / EAGLE tokens per verify {merged}",

@@ -24,17 +24,11 @@ import statistics
 import sys
 from pathlib import Path
 
-from eval.composed_ceiling import Observed
-from tlt.backends.base import SamplingParams
-from tlt.backends.native import NativeEngine
-from tlt.drafters import load_drafter
+from eval.composed_ceiling import Observed, Replay
 from tlt.drafters.composed import MATCH_CLASSES, match_class
 from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import first_pass_history, measure
-from tlt.eval.heldout import heldout_prompt_ids
+from tlt.eval.bench.passes import measure
 from tlt.machine import describe_machine
-from tlt.models.io import load_hf_folder
-from tlt.schedulers.tuners.base import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
 
 PASSES = ("new prompts", "a pass later")
@@ -76,34 +70,20 @@ def _args(argv):
     return parser.parse_args(argv)
 
 
-def _pass(model, eos, max_seq_len, eagle, history, prompts, args, seed) -> dict:
-    strategy = SpecStrategy.parse(args.strategy)
+def _pass(replay: Replay, history: list[dict], args, seed: int) -> dict:
     suffix = SuffixDrafter()
     suffix.restore(history)
-    observed = ScoredObserver(eagle.clone(), {args.strategy: (suffix, strategy)})
-    tuner = FixedTuner(strategy, threshold=1 << 30)
-    engine = NativeEngine(model, eos, max_seq_len, tuner=tuner, drafter=observed)
+    observed = ScoredObserver(replay.eagle.clone(), {args.strategy: (suffix, SpecStrategy.parse(args.strategy))})
     sums: dict[str, dict] = {}
-    for start in range(0, len(prompts), args.group):
-        observed.records = []
-        sampling = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens, seed=seed + start)
-        rollouts = engine.generate(prompts[start : start + args.group], sampling, n=args.samples)
-        tally(observed.records, [r.token_ids.tolist() for r in rollouts], sums)
+    replay.observe(observed, args, seed, tally, sums)
     return sums
 
 
 def run(args) -> dict:
-    model, tokenizer = load_hf_folder(args.target)
-    eagle = load_drafter(args.drafter)
-    prompts = heldout_prompt_ids(tokenizer, args.prompts)
-    widest = SpecStrategy.parse(args.strategy).verify_tokens
-    eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + widest
-    plain = NativeEngine(model, eos, max_seq_len)
+    replay = Replay.load(args)
     rounds = []
     for round_ in range(args.rounds):
-        seed = 2 * round_ + 2
-        history = first_pass_history(plain, prompts, args.samples, args.max_new_tokens, seed=2 * round_ + 1)
-        passes = [_pass(model, eos, max_seq_len, eagle, h, prompts, args, seed) for h in ([], history)]
+        passes = [_pass(replay, h, args, 2 * round_ + 2) for h in ([], replay.history(args, round_))]
         rounds.append(passes)
         trust = [{c: round(s["followed"] / s["score"], 2) for c, s in p.items()} for p in passes]
         print(f"[suffix_trust] round {round_ + 1}/{args.rounds}: followed / score per class {trust}", file=sys.stderr)
