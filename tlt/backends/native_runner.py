@@ -109,9 +109,10 @@ class ModelRunner:
         """
         tokens = torch.cat([batch.pending[:, None], tree.tokens[:, 1:]], dim=1)  # [B, N]
         tree = DraftTree(tokens=tokens, parents=tree.parents, draft_probs=tree.draft_probs, real=tree.real)
-        positions = batch.cache_lens[:, None] + tree.depths()  # [B, N]
+        mask = tree.ancestor_mask()  # [B, N, N]
+        positions = batch.cache_lens[:, None] + mask.sum(dim=-1) - 1  # [B, N]: a node's depth is its ancestors
         hidden, logits = self._forward(
-            tokens, positions, batch.cache_lens, kv_len, tree_mask=tree.ancestor_mask(), real=tree.real
+            tokens, positions, batch.cache_lens, kv_len, tree_mask=mask, real=tree.real
         )  # [B, N, D], [B, N, V]
         if tree.draft_probs is None:
             result = verify_tree(tree, logits, sampling, generator, num_levels=levels)
