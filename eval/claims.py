@@ -19,6 +19,7 @@ from pathlib import Path
 
 from tlt.eval.bench.passes import tokens_per_second
 from tlt.files import write_or_check
+from tlt.machine import machine_name
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path("eval/results")
@@ -117,9 +118,7 @@ def _load(path: Path) -> dict:
 
 
 def _machine(data: dict) -> str:
-    m = data.get("machine") or {}
-    bf16 = " with AVX-512 BF16" if m.get("cpu_native_bf16") else ""
-    return m.get("gpu") or f"{m.get('cpu_model', '?')}{bf16}, {m.get('logical_cores', '?')} cores"
+    return machine_name(data.get("machine") or {})
 
 
 def main_job_rows() -> list[Row]:
@@ -172,8 +171,7 @@ def drift_rows() -> list[Row]:
 
 
 def ablation_rows() -> list[Row]:
-    """The ablation sweep per seed: each cell's speedups over the baseline cell. The cells' summaries record no
-    machine: the sweeps ran on the AMD EPYC VM with AVX-512 BF16 (docs/results.md)."""
+    """The ablation sweep per seed: each cell's speedups over the baseline cell."""
     return sweep_rows("ablation", ABLATION, ABLATION_CMD)
 
 
@@ -203,6 +201,14 @@ def composed_bench_rows() -> list[Row]:
     return rows
 
 
+def _sweep_machine(folder: Path) -> str:
+    """The machine a sweep ran on (its machine.json); sweeps from before `tlt sweep` wrote one ran on the AMD
+    EPYC VM with AVX-512 BF16 (docs/results.md)."""
+    if (ROOT / folder / "machine.json").exists():
+        return _machine({"machine": _load(folder / "machine.json")})
+    return "AMD EPYC with AVX-512 BF16, 2 cores"
+
+
 def sweep_rows(label: str, folders: list[Path], command: str) -> list[Row]:
     """Per seed of a sweep: each cell's speedups over its first cell (`tlt.eval.sweep.speedups`: rollout and
     whole-cell seconds, rollout throughput), in the sweep's order (sweep.csv)."""
@@ -211,6 +217,10 @@ def sweep_rows(label: str, folders: list[Path], command: str) -> list[Row]:
     sweeps = [folder for folder in folders if (ROOT / folder / "sweep.csv").exists()]
     if not sweeps:
         return []
+    machines = {_sweep_machine(folder) for folder in sweeps}
+    if len(machines) > 1:
+        raise ValueError(f"{label}: the seeds ran on different machines ({sorted(machines)}); one claim per machine")
+    machine = machines.pop()
     order = [line.split(",")[0] for line in (ROOT / sweeps[0] / "sweep.csv").read_text().splitlines()[1:]]
     runs = [speedups([flatten_summary(_load(folder / name / "summary.json")) for name in order]) for folder in sweeps]
     source = folders[0].parent / "seed*/*/summary.json"
@@ -224,7 +234,7 @@ def sweep_rows(label: str, folders: list[Path], command: str) -> list[Row]:
             f"{label}: {claim.format(base=order[0], cell=name)}",
             [run[i][key] for run in runs],
             "x",
-            "AMD EPYC with AVX-512 BF16, 2 cores",
+            machine,
             command,
             source,
         )

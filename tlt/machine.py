@@ -23,16 +23,30 @@ def cpu_model() -> str:
 
 
 @functools.cache
-def cpu_has_native_bf16() -> bool:
-    """Whether the CPU computes in bfloat16 natively (AMX or AVX-512 BF16, from /proc/cpuinfo's flags). Without
-    them torch emulates bf16 matrix products: 40x slower than float32 on an AVX2 AMD EPYC (one thread)."""
+def cpu_flags() -> frozenset[str]:
+    """The first `flags` line of /proc/cpuinfo (empty where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                return bool({"amx_bf16", "avx512_bf16"} & set(line.split(":", 1)[1].split()))
+                return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return frozenset()
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether the CPU computes in bfloat16 natively (AMX or AVX-512 BF16). Without them torch emulates bf16
+    matrix products: 40x slower than float32 on an AVX2 AMD EPYC (one thread)."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
+
+
+# the widest vector extension a CPU has, widest first: the same model name ("AMD EPYC") comes with either
+VECTOR_ISAS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"), ("avx2", "AVX2"))
+
+
+def cpu_vector_isa() -> str | None:
+    """The CPU's widest vector extension of VECTOR_ISAS, None if it has none of them (or is not x86)."""
+    return next((name for flag, name in VECTOR_ISAS if flag in cpu_flags()), None)
 
 
 def resolve_precision(precision: str, device_type: str) -> str:
@@ -60,4 +74,16 @@ def describe_machine() -> dict:
         "platform": platform.platform(),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "cpu_native_bf16": cpu_has_native_bf16(),
+        "cpu_isa": cpu_vector_isa(),
     }
+
+
+def machine_name(machine: dict) -> str:
+    """The machine as "AMD EPYC with AVX2, 2 cores" (or the GPU's name) from a `describe_machine()` dict. Dicts
+    written before it recorded `cpu_isa` name AVX-512 BF16 where the CPU had native bf16, and no extension
+    otherwise."""
+    if machine.get("gpu"):
+        return machine["gpu"]
+    isa = machine.get("cpu_isa") or ("AVX-512 BF16" if machine.get("cpu_native_bf16") else None)
+    with_isa = f" with {isa}" if isa else ""
+    return f"{machine.get('cpu_model', '?')}{with_isa}, {machine.get('logical_cores', '?')} cores"

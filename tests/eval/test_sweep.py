@@ -11,6 +11,7 @@ from tlt.cli import parse_args
 from tlt.config import ConfigError, RunConfig, load_config
 from tlt.eval.sweep import flatten_summary, run_sweep, to_markdown, validate
 from tlt.eval.sweep_grid import Cell, GridSection, expand, load_grid, slug
+from tlt.machine import describe_machine, machine_name
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 
@@ -192,6 +193,9 @@ def test_resume_skips_finished_and_failure_is_recorded(tmp_path):
     md = (out / "sweep.md").read_text()
     assert "| cell | status |" in md and "| baseline | skipped |" in md
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    machine = json.loads((out / "machine.json").read_text())  # where it ran, named in the table
+    assert machine == describe_machine() | {"load_average": machine["load_average"]}
+    assert f"Machine: {machine_name(machine)}, torch threads" in md
 
 
 def test_table_prints_plain_decimals_and_says_which_cells_had_idle_workers():
@@ -250,7 +254,8 @@ def test_cli_parses_sweep():
 def test_ablation_cells():
     """The paper's ablation in the main job's regime: each cell adds one TLT component to the one before."""
     configs = validate(load_grid(CONFIGS / "ablation.yaml"))
-    assert list(configs) == ["baseline", "sd_frozen", "sd_adaptive_drafter", "tlt_full", "drafter_ngram"]
+    cells = ["baseline", "sd_frozen", "sd_adaptive_drafter", "tlt_full", "drafter_ngram", "drafter_suffix"]
+    assert list(configs) == cells
     main = load_config(CONFIGS / "quickstart.yaml")
     for cfg in configs.values():  # the main job's policy, processes, RL and steps
         assert (cfg.model, cfg.rollout, cfg.train.devices) == (main.model, main.rollout, main.train.devices)
@@ -265,7 +270,9 @@ def test_ablation_cells():
     )
     assert (adaptive.scheduler.policy, adaptive.speculative.tuner) == ("spot", "fixed")
     assert (full.scheduler, full.speculative, full.drafter) == (main.scheduler, main.speculative, main.drafter)
-    assert configs["drafter_ngram"].drafter.kind == "ngram" and configs["drafter_ngram"].drafter.path is None
+    for kind in ("ngram", "suffix"):
+        drafter = configs[f"drafter_{kind}"].drafter
+        assert (drafter.kind, drafter.path) == (kind, None)
 
 
 def test_end_to_end_tiny_sweep(tmp_path):

@@ -4,9 +4,10 @@ The grid file's format: tlt.eval.sweep_grid. Every cell's config is built and va
 bad key in any cell stops the whole sweep naming that cell. A cell whose folder holds the summary.json of all its
 steps is skipped (so a sweep resumes; a cell with a checkpoint resumes training, as `tlt train` does); a cell that
 raises is recorded with its error and the sweep goes on. After every cell `<output_dir>/sweep.csv`, `sweep.md`
-and `sweep.png` (step time per cell) are rewritten atomically. With `turn_steps` the cells take turns: steps
-1..N of every cell, then N+1..2N of every cell (each turn resuming the cell's checkpoint), and so on, so a
-machine's speed drift during the sweep slows every cell alike instead of the later ones.
+and `sweep.png` (step time per cell) are rewritten atomically; `machine.json` records the machine the sweep (last)
+started on, and sweep.md names it (CPU models vary between machines of one name). With `turn_steps` the cells
+take turns: steps 1..N of every cell, then N+1..2N of every cell (each turn resuming the cell's checkpoint), and
+so on, so a machine's speed drift during the sweep slows every cell alike instead of the later ones.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 
 from tlt.config import ConfigError, RunConfig, load_config
 from tlt.eval.sweep_grid import Cell, Grid
-from tlt.files import atomic_save_figure, atomic_write_text, subplots
+from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text, subplots
+from tlt.machine import describe_machine, machine_name
 
 SUMMARY_FIELDS = (
     "devices",
@@ -138,6 +140,8 @@ def run_sweep(
             todo.append(cell)
         if dry_run:
             log(f"[tlt sweep] {rows[cell.name]['status']:8} {cell.name}: {rows[cell.name]['overrides'] or '(base)'}")
+    if todo:
+        atomic_write_json(Path(grid.output_dir) / "machine.json", describe_machine())
     ends = {cell.name: _turn_ends(configs[cell.name], grid.turn_steps) for cell in todo}
     for turn in range(max(map(len, ends.values()), default=0)):
         for cell in todo:
@@ -208,7 +212,8 @@ def speedups(rows: list[dict]) -> list[dict]:
     ]
 
 
-def to_markdown(rows: list[dict], turn_steps: int = 0) -> str:
+def to_markdown(rows: list[dict], turn_steps: int = 0, machine: dict | None = None) -> str:
+    """The sweep's table; `machine` (a `describe_machine()` dict) names where it ran."""
     rows = [row | extra for row, extra in zip(rows, speedups(rows), strict=True)]
     cols = [c for c in COLUMNS if c != "overrides"]
     after_total = cols.index("seconds.total") + 1
@@ -230,6 +235,11 @@ def to_markdown(rows: list[dict], turn_steps: int = 0) -> str:
         "and `spot` trains only within scheduler.no_idle_budget of each step. spot_steps / idle_train_seconds: the "
         "drafter micro-steps run, and seconds spent, in that idle time.",
         "",
+    ]
+    if machine:
+        threads = machine.get("torch_threads", "?")
+        lines += [f"Machine: {machine_name(machine)}, torch threads {threads} per process.", ""]
+    lines += [
         "Overrides per cell:",
         "",
     ]
@@ -257,6 +267,7 @@ def plot_step_time(rows: list[dict], path: Path) -> None:
 
 def write_results(rows: list[dict], out: Path, turn_steps: int = 0) -> None:
     out = Path(out)
+    machine = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else None
     atomic_write_text(out / "sweep.csv", to_csv(rows))
-    atomic_write_text(out / "sweep.md", to_markdown(rows, turn_steps))
+    atomic_write_text(out / "sweep.md", to_markdown(rows, turn_steps, machine))
     plot_step_time(rows, out / "sweep.png")
