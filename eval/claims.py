@@ -39,8 +39,8 @@ DRIFT_CMD = (
     "`python -m eval.drift --steps 16 --temperature 1.0 --out DIR train.devices=1 scheduler.policy=between_steps "
     "scheduler.between_steps_budget=2 drafter.online_lr=1e-4`"
 )
-ABLATION = [RESULTS / f"ablation_deep_v2/seed{s}" for s in range(5)]
-ABLATION_CMD = "`tlt sweep configs/ablation.yaml` (seed 0); `tlt sweep configs/ablation.yaml --output-dir DIR seed=N`"
+ABLATION = [RESULTS / f"ablation_deep_v2_packed/seed{s}" for s in range(5)]
+ABLATION_CMD = "`tlt sweep configs/ablation.yaml --output-dir DIR seed=N` (N = 0-4)"
 COMPOSED_BENCH_CMD = (
     "`python -m eval.bench_composed --target tlt/assets/deep_v2/policy --drafter tlt/assets/deep_v2/drafter {args} "
     "--out DIR`"
