@@ -205,7 +205,7 @@ def _sweep_machine(folder: Path) -> str:
     """The machine a sweep ran on (its machine.json); sweeps from before `tlt sweep` wrote one ran on the AMD
     EPYC VM with AVX-512 BF16 (docs/results.md)."""
     if (ROOT / folder / "machine.json").exists():
-        return _machine({"machine": _load(folder / "machine.json")})
+        return machine_name(_load(folder / "machine.json"))
     return "AMD EPYC with AVX-512 BF16, 2 cores"
 
 
