@@ -26,9 +26,7 @@ import sys
 from pathlib import Path
 
 from tlt.backends.native import NativeEngine
-from tlt.drafters import drafter_from_spec
-from tlt.drafters.suffix import SuffixDrafter
-from tlt.eval.bench.passes import decode_each, first_pass_history, measure, rotated
+from tlt.eval.bench.passes import batch_rounds, bench_drafter, first_pass_history, measure, rotated
 from tlt.eval.bench.sd.costs import forward_seconds
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.machine import describe_machine
@@ -88,11 +86,7 @@ def _engine(arm: str, model, eos: int, max_seq_len: int, args, history) -> Nativ
     packed = weights == "packed"
     if mode == "plain":
         return NativeEngine(model, eos, max_seq_len, packed_weights=packed)
-    if args.drafter == "suffix":
-        drafter = SuffixDrafter()
-        drafter.restore(history)
-    else:
-        drafter = drafter_from_spec(args.drafter)
+    drafter = bench_drafter(args.drafter, history)
     tuner = FixedTuner(args.strategy, threshold=1 << 30)
     return NativeEngine(model, eos, max_seq_len, tuner=tuner, drafter=drafter, packed_weights=packed)
 
@@ -108,19 +102,11 @@ def decoding(model, tokenizer, args) -> list[dict]:
             NativeEngine(model, eos, max_seq_len), prompts, HISTORY_SAMPLES, args.max_new_tokens
         )
     arms = [f"{mode}/{w}" for mode in ("plain", "sd") for w in WEIGHTS]
-    rounds = []
-    for round_ in range(args.rounds):
-        cells = {}
-        for rows in args.batches:
-            cells[str(rows)] = {}
-            for arm in rotated(arms, round_):
-                engine = _engine(arm, model, eos, max_seq_len, args, history)
-                r = decode_each(engine, prompts, args.max_new_tokens, seed=1000 * (round_ + 1), n=rows)
-                cells[str(rows)][arm] = r
-                print(f"[bench_packed] round {round_ + 1}/{args.rounds} batch {rows} {arm}: {r['tokens']} tokens in "
-                      f"{r['seconds']:.1f} s", file=sys.stderr)  # fmt: skip
-        rounds.append(cells)
-    return rounds
+
+    def make_engine(arm: str) -> NativeEngine:
+        return _engine(arm, model, eos, max_seq_len, args, history)
+
+    return batch_rounds(arms, args.batches, args.rounds, make_engine, prompts, args.max_new_tokens, "bench_packed")
 
 
 def run(args) -> dict:

@@ -405,3 +405,32 @@ def test_draft_lengths_that_do_not_fit_the_tree_are_rejected(native_target, plai
     )
     with pytest.raises(ValueError, match=r"expected one count per row in 1\.\.4"):
         engine.generate(PROMPTS, GREEDY)
+
+
+@pytest.mark.parametrize("drafting", ["chain", "ragged_chain", "sampled_chain"])
+def test_chains_verified_as_chains_match_the_tree_path(native_target, plain, drafting, monkeypatch):
+    """A chain attends causally and is committed where it was written (no ancestor mask, no K/V moves): the same
+    tokens and log-probs, from the same seed, as verifying it as a general tree, with drafts accepted."""
+    import tlt.backends.native_runner as runner_module
+
+    commits = []
+    commit = runner_module.commit_path
+    monkeypatch.setattr(runner_module, "commit_path", lambda *a: commits.append(1) or commit(*a))
+    # the toys draft the greedy continuation, which sampling leaves at once; the sampled chain drafts from q ~ p
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=16, seed=5) if drafting == "sampled_chain" else GREEDY
+    strategy = SpecStrategy.parse("3_1_4")
+    drafters = {"chain": ToyDrafter, "ragged_chain": RaggedDrafter, "sampled_chain": SampledChainDrafter}
+    results = {}
+    for shortcut in (True, False):
+        drafter = drafters[drafting](_truth(plain), 1.0, seed=2)
+        engine = NativeEngine(
+            native_target, eos_token_id=None, max_seq_len=64, tuner=CyclingTuner([strategy]), drafter=drafter
+        )
+        engine.runner.chain_shortcut = shortcut
+        commits.clear()
+        results[shortcut] = engine.generate(PROMPTS, sampling)
+        assert sum(s.accepted_tokens for s in engine.step_stats) > 0
+        assert bool(commits) is not shortcut
+    for a, b in zip(results[True], results[False], strict=True):
+        assert a.token_ids.tolist() == b.token_ids.tolist()
+        assert torch.equal(a.logprobs, b.logprobs)

@@ -363,7 +363,7 @@ def test_the_walk_stopping_early_changes_nothing(
     """On the CPU the level walk stops where no row goes on; walking every level gives the same path and bonus
     from the same generator (every level's coins are drawn before the walk)."""
     tree, table = case
-    if verify_mod._is_chain(tree) and tree.num_nodes > 2:  # chains are verified all at once, with no walk
+    if tree.is_chain() and tree.num_nodes > 2:  # chains are verified all at once, with no walk
         tree.parents[:, -1] = 0
     logits = node_logits(table, tree)
     levels = tree.num_nodes - 1  # deeper than most trees: the engine passes its strategy's depth

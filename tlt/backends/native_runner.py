@@ -28,6 +28,10 @@ class ModelRunner:
     graphs when the model is on CUDA; eager shapes otherwise.
     """
 
+    # chains skip the ancestor mask and the commit (`speculate`); eval/bench_chain_path.py turns it off to measure
+    # what that saves
+    chain_shortcut = True
+
     def __init__(self, lean: LeanModel, max_seq_len: int, static: bool = False):
         self.lean = lean
         self.max_seq_len = max_seq_len
@@ -105,28 +109,40 @@ class ModelRunner:
         """Verify a draft tree [B, N] at most `levels` deep in one forward, commit the accepted path; returns
         (emission, accepted [B]).
 
-        The root's token is taken from the batch (the pending token) so the cache never sees a wrong root.
+        The root's token is taken from the batch (the pending token) so the cache never sees a wrong root. A chain
+        (`DraftTree.is_chain`) attends causally and is committed where it was written: its accepted path is a
+        prefix of its nodes, already at the slots a commit would move them to, so the ancestor mask, the commit
+        and the gathers along the path are skipped (ops a CPU pays for one by one).
         """
         tokens = torch.cat([batch.pending[:, None], tree.tokens[:, 1:]], dim=1)  # [B, N]
         tree = DraftTree(tokens=tokens, parents=tree.parents, draft_probs=tree.draft_probs, real=tree.real)
-        mask = tree.ancestor_mask()  # [B, N, N]
-        positions = batch.cache_lens[:, None] + mask.sum(dim=-1) - 1  # [B, N]: a node's depth is its ancestors
+        chain = self.chain_shortcut and tree.is_chain()
+        if chain:
+            mask, depths = None, torch.arange(tree.num_nodes, device=tokens.device)[None, :]
+        else:
+            mask = tree.ancestor_mask()  # [B, N, N]
+            depths = mask.sum(dim=-1) - 1  # [B, N]: a node's depth is its ancestors
         hidden, logits = self._forward(
-            tokens, positions, batch.cache_lens, kv_len, tree_mask=mask, real=tree.real
+            tokens, batch.cache_lens[:, None] + depths, batch.cache_lens, kv_len, tree_mask=mask, real=tree.real
         )  # [B, N, D], [B, N, V]
         if tree.draft_probs is None:
             result = verify_tree(tree, logits, sampling, generator, num_levels=levels)
         else:  # a chain sampled from known q: row i of logits predicts chain node i + 1
             result = verify_chain_with_draft_probs(tree.tokens[:, 1:], tree.draft_probs, logits, sampling, generator)
         emitted, counts = emitted_tokens(tree, result)  # [B, K + 1], token j was predicted at node path[j]
-        nodes = result.path.clamp(min=0)[:, :, None]  # [B, K + 1, 1]
         emitted = emitted.clamp(min=0)
-        node_logits = logits.gather(1, nodes.expand(-1, -1, logits.shape[-1]))  # [B, K + 1, V]
-        commit_path(self.cache, batch.cache_lens, result.path)
+        width = emitted.shape[1]
+        if chain:  # path node j is node j (past the count: padding, never read)
+            node_logits, node_hidden = logits[:, :width], hidden[:, :width]
+        else:
+            nodes = result.path.clamp(min=0)[:, :, None]  # [B, K + 1, 1]
+            node_logits = logits.gather(1, nodes.expand(-1, -1, logits.shape[-1]))  # [B, K + 1, V]
+            node_hidden = hidden.gather(1, nodes.expand(-1, -1, hidden.shape[-1]))
+            commit_path(self.cache, batch.cache_lens, result.path)
         emission = Emission(
             tokens=emitted,
             counts=counts,
             logprobs=token_logprobs(node_logits, emitted, sampling),
-            prev_hidden=hidden.gather(1, nodes.expand(-1, -1, hidden.shape[-1])),
+            prev_hidden=node_hidden,
         )
         return emission, result.num_accepted

@@ -63,12 +63,23 @@ class DraftTree:
             up = up.gather(1, up)
         return mask
 
+    def is_chain(self) -> bool:
+        """Whether every node's parent is the node before it. Sampled drafts are chains by contract; a fixed
+        draft's parents are read on the CPU only, where that costs no host sync (on an accelerator it counts as
+        a tree: verifying and committing a chain as one is exact, only slower)."""
+        if self.draft_probs is not None:
+            return True
+        return self.parents.device.type == "cpu" and torch.equal(self.parents, _chain_parents(*self.parents.shape))
+
     @staticmethod
     def chain(tokens: torch.Tensor) -> DraftTree:
         """A chain tree from [B, N] tokens (root first)."""
-        B, N = tokens.shape
-        parents = torch.arange(-1, N - 1, device=tokens.device).expand(B, N).contiguous()
-        return DraftTree(tokens=tokens, parents=parents)
+        return DraftTree(tokens=tokens, parents=_chain_parents(*tokens.shape, device=tokens.device).contiguous())
+
+
+def _chain_parents(B: int, N: int, device: torch.device | None = None) -> torch.Tensor:
+    """[B, N] parents of chains (-1, 0, 1, ..., N - 2), expanded (not contiguous)."""
+    return torch.arange(-1, N - 1, device=device).expand(B, N)
 
 
 def _jumps(num_nodes: int) -> int:

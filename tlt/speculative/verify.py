@@ -152,17 +152,11 @@ def verify_tree(
     _check_tree_inputs(tree, target_logits)
     if num_levels is None:
         num_levels = int(tree.depths().max())
-    if _is_chain(tree):
+    if tree.is_chain():
         return _verify_chain(tree, target_logits, params, min(num_levels, tree.num_nodes - 1), generator)
     if params.greedy:
         return _verify_greedy(tree, target_logits, num_levels)
     return _verify_sampled(tree, probs_from_logits(target_logits, params), num_levels, generator)
-
-
-def _is_chain(tree: DraftTree) -> bool:
-    """Whether every node's parent is the node before it; asked on the CPU only, where reading the parents
-    costs no host sync (on an accelerator the level walk, which needs none, verifies chains too)."""
-    return tree.parents.device.type == "cpu" and torch.equal(tree.parents, DraftTree.chain(tree.tokens).parents)
 
 
 def _verify_chain(

@@ -70,14 +70,16 @@ def two_pass_rounds(
     return results
 
 
-def sd_sums(step_stats) -> dict[str, int]:
-    """Over the steps that decoded speculatively: row-verifies, accepted and drafted tokens, tokens generated."""
+def sd_sums(step_stats) -> dict[str, float]:
+    """Over the steps that decoded speculatively: row-verifies, accepted and drafted tokens, tokens generated,
+    seconds."""
     sd = [s for s in step_stats if s.sd_on]
     return {
         "sd_verifies": sum(s.running_batch for s in sd),
         "accepted": sum(s.accepted_tokens for s in sd),
         "drafted": sum(s.drafted_tokens for s in sd),
         "sd_tokens": sum(s.generated_tokens for s in sd),
+        "sd_seconds": sum(s.seconds for s in sd),
     }
 
 
@@ -92,10 +94,24 @@ def first_pass_history(engine: NativeEngine, prompts, samples: int, max_new_toke
     ]
 
 
+def bench_drafter(spec: str, history: list[dict] | None):
+    """The SD arms' drafter of an eval/ script: `suffix`, restored from `history` (`first_pass_history`), or a
+    saved drafter folder (`drafter_from_spec`)."""
+    from tlt.drafters import drafter_from_spec
+    from tlt.drafters.suffix import SuffixDrafter
+
+    if spec != "suffix":
+        return drafter_from_spec(spec)
+    drafter = SuffixDrafter()
+    drafter.restore(history)
+    return drafter
+
+
 def decode_each(engine: NativeEngine, prompts, max_new_tokens: int, seed: int, n: int = 1) -> dict:
     """Each prompt in its own generate() call with n samples at T = 1 (seed + its index); sums over the calls of
-    seconds, response tokens, SD steps and `sd_sums`."""
-    result = dict.fromkeys(("seconds", "tokens", "sd_steps", "sd_verifies", "accepted", "drafted", "sd_tokens"), 0)
+    seconds, response tokens, SD and plain decode steps and their seconds, and `sd_sums`."""
+    keys = ("seconds", "tokens", "sd_steps", "sd_verifies", "accepted", "drafted", "sd_tokens", "sd_seconds")
+    result = dict.fromkeys((*keys, "plain_steps", "plain_seconds"), 0)
     for i, prompt in enumerate(prompts):
         sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed + i)
         start = time.perf_counter()
@@ -103,9 +119,41 @@ def decode_each(engine: NativeEngine, prompts, max_new_tokens: int, seed: int, n
         result["seconds"] += time.perf_counter() - start
         result["tokens"] += sum(r.token_ids.numel() for r in rollouts)
         result["sd_steps"] += sum(s.sd_on for s in engine.step_stats)
+        result["plain_steps"] += sum(not s.sd_on for s in engine.step_stats)
+        result["plain_seconds"] += sum(s.seconds for s in engine.step_stats if not s.sd_on)
         for key, value in sd_sums(engine.step_stats).items():
             result[key] += value
     return result
+
+
+def batch_rounds(
+    arms: Sequence[str],
+    batches: Sequence[int],
+    rounds: int,
+    make_engine: Callable[[str], NativeEngine],
+    prompts,
+    max_new_tokens: int,
+    label: str,
+    warmup=None,
+) -> list[dict[str, dict[str, dict]]]:
+    """`rounds` rounds; in each, per batch size b, every arm (in an order rotated by the round) gets a fresh engine
+    and decodes each prompt with b samples (`decode_each`, the round's seeds). `warmup`: a prompt each engine
+    first decodes untimed. Returns per round {str(b): {arm: sums}}; a line per cell goes to stderr."""
+    results = []
+    for round_ in range(rounds):
+        cells: dict[str, dict[str, dict]] = {}
+        for rows in batches:
+            cells[str(rows)] = {}
+            for arm in rotated(arms, round_):
+                engine = make_engine(arm)
+                if warmup is not None:
+                    engine.generate([warmup], SamplingParams(temperature=1.0, max_new_tokens=16, seed=0))
+                r = decode_each(engine, prompts, max_new_tokens, seed=1000 * (round_ + 1), n=rows)
+                cells[str(rows)][arm] = r
+                print(f"[{label}] round {round_ + 1}/{rounds} batch {rows} {arm}: {r['tokens']} tokens in "
+                      f"{r['seconds']:.1f} s", file=sys.stderr)  # fmt: skip
+        results.append(cells)
+    return results
 
 
 def tokens_per_second(run: dict) -> float:
