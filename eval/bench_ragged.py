@@ -81,7 +81,7 @@ def _bucket(size: int) -> str:
 
 def _pass(engine: NativeEngine, prompts, args, sampling: SamplingParams) -> dict:
     """One pass over the prompts, `args.group` at a time: sums over its generate() calls."""
-    result = dict.fromkeys(("seconds", "tokens", "sd_verifies", "accepted", "drafted", "sd_tokens", "sd_seconds"), 0)
+    result = dict.fromkeys(("seconds", "tokens", *sd_sums([])), 0)
     buckets: dict[str, list[float]] = {}  # bucket -> [tokens, seconds, SD tokens]
     for start in range(0, len(prompts), args.group):
         clock = time.perf_counter()

@@ -242,9 +242,7 @@ class NativeEngine:
             )
         probs = tree.draft_probs
         expected = (batch_size, strategy.verify_tokens - 1, self.runner.lean.vocab_size)
-        if probs is not None and (
-            tuple(probs.shape) != expected or not torch.equal(tree.parents, DraftTree.chain(tree.tokens).parents)
-        ):
+        if probs is not None and (tuple(probs.shape) != expected or not tree.has_chain_parents()):
             raise ValueError(
                 f"drafter {type(self.drafter).__name__} returned draft_probs of shape {tuple(probs.shape)}; "
                 f"sampled drafts must be a chain with draft_probs [B, N - 1, V] = {list(expected)}"

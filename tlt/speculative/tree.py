@@ -69,7 +69,11 @@ class DraftTree:
         a tree: verifying and committing a chain as one is exact, only slower)."""
         if self.draft_probs is not None:
             return True
-        return self.parents.device.type == "cpu" and torch.equal(self.parents, _chain_parents(*self.parents.shape))
+        return self.parents.device.type == "cpu" and self.has_chain_parents()
+
+    def has_chain_parents(self) -> bool:
+        """Whether the parents are -1, 0, 1, ..., N - 2 in every row (reads them: a host sync on an accelerator)."""
+        return torch.equal(self.parents, _chain_parents(*self.parents.shape, device=self.parents.device))
 
     @staticmethod
     def chain(tokens: torch.Tensor) -> DraftTree:

@@ -110,8 +110,8 @@ def bench_drafter(spec: str, history: list[dict] | None):
 def decode_each(engine: NativeEngine, prompts, max_new_tokens: int, seed: int, n: int = 1) -> dict:
     """Each prompt in its own generate() call with n samples at T = 1 (seed + its index); sums over the calls of
     seconds, response tokens, SD and plain decode steps and their seconds, and `sd_sums`."""
-    keys = ("seconds", "tokens", "sd_steps", "sd_verifies", "accepted", "drafted", "sd_tokens", "sd_seconds")
-    result = dict.fromkeys((*keys, "plain_steps", "plain_seconds"), 0)
+    keys = ("seconds", "tokens", "sd_steps", "plain_steps", "plain_seconds", *sd_sums([]))
+    result = dict.fromkeys(keys, 0)
     for i, prompt in enumerate(prompts):
         sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed + i)
         start = time.perf_counter()
