@@ -82,7 +82,7 @@ SUFFIX_RUNS = [
 ]
 RAGGED = RESULTS / "ragged_tiny/ragged.json"
 RAGGED_CMD = "`python -m eval.bench_ragged --target runs/tiny/model --prompts 16 --rounds 5 --out DIR`"
-PEER = RESULTS / "peer_trl_deep_v1/peer_trl.json"
+PEER = RESULTS / "peer_trl_deep_v2/peer_trl.json"
 PEER_CMD = "`python -m eval.peer_trl --config configs/quickstart.yaml --steps 4 --warmup 1 --rounds 3 --out DIR`"
 GRAPHS = RESULTS / "graphs_cpu/graphs.json"
 GRAPHS_CMD = (

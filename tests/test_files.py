@@ -2,7 +2,7 @@
 
 import pytest
 
-from tlt.files import atomic_folder, atomic_write_json, atomic_write_text, write_report
+from tlt.files import atomic_folder, atomic_write_json, atomic_write_text, read_json, write_report
 
 
 def test_a_folder_is_replaced_only_when_its_block_succeeds(tmp_path):
@@ -35,3 +35,12 @@ def test_a_report_keeps_its_json_when_the_render_fails(tmp_path):
     with pytest.raises(KeyError):
         write_report(path, {"y": 2}, lambda r: f"x = {r['x']}\n")
     assert (tmp_path / "out" / "bench.json").read_text() == '{\n  "y": 2\n}\n' and path.read_text() == "x = 1\n"
+
+
+def test_a_file_that_is_not_json_is_named_with_where_it_broke(tmp_path):
+    path = tmp_path / "card.json"
+    atomic_write_json(path, {"a": [1, 2]})
+    assert read_json(path) == {"a": [1, 2]}
+    path.write_text('{"a": [1, 2]\n "b": 3}')
+    with pytest.raises(ValueError, match=r"card.json: not valid JSON at line 2, column 2 \(Expecting ',' delimiter\)"):
+        read_json(path)

@@ -44,7 +44,9 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     folder = bootstrap_folder(cfg)
     card_path = folder / "card.json"
     if card_path.is_file() and not args.force:
-        card = json.loads(card_path.read_text())
+        from tlt.files import read_json
+
+        card = read_json(card_path)
         print(f"[tlt] {folder} already holds a bootstrapped model (card.json); use --force to redo it")
     else:
         card = run_bootstrap(cfg)

@@ -40,6 +40,16 @@ def atomic_write_json(path: str | Path, payload: object) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
+def read_json(path: str | Path) -> object:
+    """The JSON in `path`; a ValueError naming the file and where it broke when it is not JSON (a bare
+    JSONDecodeError names neither)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from e
+
+
 def atomic_save_figure(fig, path: str | Path, dpi: int = 120) -> None:
     """Save a matplotlib figure as PNG, atomically; closes it."""
     import matplotlib.pyplot as plt

@@ -120,9 +120,10 @@ def test_history_survives_save_load_and_clone(tmp_path):
         assert _chain(copy)[0][:3] in ([40, 41, 42], [43, 44, 45])
 
 
-def test_a_corrupt_history_file_is_named(tmp_path):
+@pytest.mark.parametrize("text", ['[{"prompt": [1]}]', "[{", "7", '{"prompt": [1], "responses": []}'])
+def test_a_corrupt_history_file_is_named(tmp_path, text):
     SuffixDrafter().save(tmp_path / "s")
-    (tmp_path / "s" / "history.json").write_text('[{"prompt": [1]}]')
+    (tmp_path / "s" / "history.json").write_text(text)
     with pytest.raises(ValueError, match="history.json"):
         load_drafter(tmp_path / "s")
 

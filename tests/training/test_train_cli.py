@@ -186,6 +186,43 @@ def test_resume_under_a_changed_config_names_the_keys(config, tmp_path, capsys):
     assert "grpo.lr changed" in capsys.readouterr().err
 
 
+def test_a_damaged_drafter_path_is_a_one_line_error_naming_the_file(config, tmp_path, capsys):
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    (folder / "tlt_drafter.json").write_text('{"kind": "eagle",')
+    assert _train(config, tmp_path / "run", f"drafter.path={folder}") == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the policy's loading bar
+    assert err.startswith("tlt train: error: drafter.path: ") and "tlt_drafter.json: not valid JSON at line 1" in err
+
+
+@pytest.fixture(scope="module")
+def one_step(config, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one_step") / "run"
+    assert _train(config, out, "grpo.steps=1") == 0
+    return out
+
+
+@pytest.mark.parametrize(
+    "name, text, fragment",
+    [
+        ("metrics.json", '[{"step": 0,', "metrics.json: not valid JSON at line 1, column 13"),
+        ("meta.json", "[1]", "meta.json: expected a JSON object"),
+        ("drafter/tlt_drafter.json", "{", "tlt_drafter.json: not valid JSON at line 1, column 2"),
+        ("trainer.pt", "not a torch file", "trainer.pt: torch.load cannot read it"),
+    ],
+)
+def test_a_damaged_checkpoint_is_a_one_line_error_naming_the_file(
+    one_step, config, tmp_path, capsys, name, text, fragment
+):
+    out = tmp_path / "run"
+    shutil.copytree(one_step, out)
+    (out / "checkpoint" / name).write_text(text)
+    assert _train(config, out, "grpo.steps=2") == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the checkpoint policy's loading bar, if any
+    assert err.startswith("tlt train: error: cannot resume from") and fragment in err and "move the folder away" in err
+    assert (out / "checkpoint" / name).read_text() == text and not (out / "checkpoint.old").exists()
+
+
 def test_overrides_may_come_before_or_after_options():
     for argv in (
         ["train", "c.yaml", "grpo.steps=3", "--output-dir", "x", "seed=1"],

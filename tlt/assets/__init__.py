@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 from pathlib import Path
+
+from tlt.files import read_json
 
 ROOT = Path(__file__).parent
 CARD = "card.json"
@@ -47,7 +48,7 @@ def read_card(name: str) -> dict:
     card = ROOT / name / CARD
     if not card.is_file():
         raise AssetError(f"no tlt asset named {name!r}; installed: {', '.join(names()) or 'none'}")
-    return json.loads(card.read_text())
+    return read_json(card)
 
 
 def files(folder: Path) -> list[str]:

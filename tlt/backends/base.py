@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 
 # the contract's sampling settings, defined in the leaf math that applies them (re-exported here)
+from tlt.files import read_json
 from tlt.speculative.sampling import SamplingParams as SamplingParams
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ class TargetShapes:
         for file in files:
             with safe_open(str(file), framework="pt") as f:
                 shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
-        config = json.loads((folder / "config.json").read_text())
+        config = read_json(folder / "config.json")
         tied = frozenset({"lm_head.weight"} if config.get("tie_word_embeddings") else ())
         return cls(
             shapes, tied, config["hidden_size"], config["vocab_size"], config.get("max_position_embeddings", 2048)

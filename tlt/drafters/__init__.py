@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tlt.files import atomic_folder
+from tlt.files import atomic_folder, read_json
 
 DRAFTERS = {
     "eagle": "tlt.drafters.eagle:EagleDrafter",
@@ -40,7 +40,7 @@ def read_drafter_json(path: str | Path) -> dict:
     meta = path / DRAFTER_JSON
     if not meta.is_file():
         raise FileNotFoundError(f"{path} is not a saved tlt drafter (no {DRAFTER_JSON})")
-    payload = json.loads(meta.read_text())
+    payload = read_json(meta)
     if not isinstance(payload, dict) or "kind" not in payload:
         raise ValueError(f"{meta} must be a JSON object with a 'kind' key, got {payload!r}")
     return payload

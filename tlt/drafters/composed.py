@@ -47,6 +47,7 @@ import torch
 from tlt.drafters import load_drafter, read_drafter_json, save_folder
 from tlt.drafters.base import Drafter
 from tlt.drafters.suffix import SuffixDrafter
+from tlt.files import read_json
 from tlt.speculative.strategy import SpecStrategy
 from tlt.speculative.tree import DraftTree
 
@@ -250,9 +251,5 @@ class ComposedDrafter(Drafter):
         drafter = cls(*(load_drafter(Path(path) / name) for name in SOURCES))
         record = Path(path) / RECORD_FILE
         if record.is_file():  # folders saved before the record was kept start a fresh one
-            try:
-                state = json.loads(record.read_text())
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{record}: not JSON ({e})") from e
-            drafter.record = _Record.from_state(state, record)
+            drafter.record = _Record.from_state(read_json(record), record)
         return drafter

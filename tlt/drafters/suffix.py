@@ -46,6 +46,7 @@ import torch
 from tlt.drafters import read_drafter_json, save_folder
 from tlt.drafters.base import Drafter
 from tlt.drafters.ngram import _Trie, host_tensor
+from tlt.files import read_json
 from tlt.speculative.strategy import SpecStrategy
 from tlt.speculative.tree import DraftTree
 
@@ -311,6 +312,8 @@ class SuffixDrafter(Drafter):
     def add_history(self, history: list[dict]) -> None:
         """Add finished responses (entries as `history()` gives them) to the store, as if this drafter had seen
         them: another rank's rollouts, so that a prompt finds its earlier responses whichever rank drew it."""
+        if not isinstance(history, list):
+            raise ValueError(f"a suffix drafter history is a list of prompt entries, got {type(history).__name__}")
         for i, entry in enumerate(history):
             if not isinstance(entry, dict) or not {"prompt", "responses"} <= set(entry):
                 raise ValueError(f"suffix drafter history entry {i}: expected {{'prompt': [...], 'responses': [...]}}")
@@ -338,8 +341,9 @@ class SuffixDrafter(Drafter):
         drafter = cls(**payload)
         history = Path(path) / HISTORY_FILE
         if history.is_file():
+            entries = read_json(history)
             try:
-                drafter.restore(json.loads(history.read_text()))
-            except (json.JSONDecodeError, ValueError) as e:
+                drafter.restore(entries)
+            except ValueError as e:
                 raise ValueError(f"{history}: not a suffix drafter history ({e})") from e
         return drafter

@@ -10,7 +10,6 @@ the baseline's rollout share of its step and s the rollout speedup, Amdahl's law
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing
 import statistics
 from concurrent.futures import ProcessPoolExecutor
@@ -20,7 +19,7 @@ from pathlib import Path
 import torch
 
 from tlt.config import RunConfig
-from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text, subplots
+from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text, read_json, subplots
 from tlt.machine import describe_machine
 
 PARTS = ("rollout", "train", "drafter", "push")
@@ -297,7 +296,7 @@ def heldout_accuracies(cfg: RunConfig, paths: list[str | Path]) -> list[float | 
 def compare(cfg: RunConfig, tlt_dir: Path, baseline_dir: Path) -> Comparison:
     """The Comparison of two finished runs (their checkpoints: final policy and per-step metrics); written to
     <output_dir>/speedup.json, speedup.md and speedup.png."""
-    histories = [json.loads((d / "checkpoint" / "metrics.json").read_text()) for d in (tlt_dir, baseline_dir)]
+    histories = [read_json(d / "checkpoint" / "metrics.json") for d in (tlt_dir, baseline_dir)]
     times = [RunTimes.of(h, cfg.train.warmup_steps) for h in histories]
     policies = [str(d / "checkpoint" / "policy") for d in (tlt_dir, baseline_dir)]
     print(

@@ -15,13 +15,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 from collections.abc import Callable
 from pathlib import Path
 
 from tlt.config import ConfigError, RunConfig, load_config
 from tlt.eval.sweep_grid import Cell, Grid
-from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text, subplots
+from tlt.files import atomic_save_figure, atomic_write_json, atomic_write_text, read_json, subplots
 from tlt.machine import describe_machine, machine_name
 
 SUMMARY_FIELDS = (
@@ -87,7 +86,7 @@ def _idle_workers(summary: dict) -> str:
 
 def _read_summary(folder: Path) -> dict | None:
     path = folder / "summary.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path) if path.is_file() else None
 
 
 def _finished(folder: Path, cfg: RunConfig) -> dict | None:
@@ -267,7 +266,7 @@ def plot_step_time(rows: list[dict], path: Path) -> None:
 
 def write_results(rows: list[dict], out: Path, turn_steps: int = 0) -> None:
     out = Path(out)
-    machine = json.loads((out / "machine.json").read_text()) if (out / "machine.json").exists() else None
+    machine = read_json(out / "machine.json") if (out / "machine.json").exists() else None
     atomic_write_text(out / "sweep.csv", to_csv(rows))
     atomic_write_text(out / "sweep.md", to_markdown(rows, turn_steps, machine))
     plot_step_time(rows, out / "sweep.png")

@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 import random
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 from tlt.config import ConfigError, RunConfig, load_config, to_yaml
-from tlt.files import atomic_folder
+from tlt.files import atomic_folder, read_json
 from tlt.models.io import load_hf_folder, save_hf_folder
 from tlt.training.rl_loop import RewardFn, RLTrainer
 
@@ -119,7 +122,10 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 def checkpoint_world_size(folder: Path) -> int:
     """How many processes wrote the checkpoint in `folder` (1 for a single-process run)."""
-    return json.loads((folder / META).read_text()).get("world_size", 1)
+    meta = read_json(folder / META)
+    if not isinstance(meta, dict):
+        raise ValueError(f"{folder / META}: expected a JSON object with the step, got {meta!r}")
+    return meta.get("world_size", 1)
 
 
 def check_world_size(folder: Path, world_size: int) -> None:
@@ -148,21 +154,53 @@ def load_checkpoint(
     make_trainer: `RLTrainer` or a callable with its signature (a multi-process trainer); rank and
     world_size: this process in a multi-process run, which restores its own entry of "ranks".
     Global RNG states are restored last, after building the trainer (building moves torch's RNG).
+    A file that cannot be read is a CheckpointError naming it; nothing in the folder is changed.
     """
     from tlt.drafters import load_drafter
 
-    check_world_size(folder, world_size)
-    policy, tokenizer = load_hf_folder(folder / "policy")
-    drafter = load_drafter(folder / "drafter") if cfg.speculative.enabled else None
+    with _reading(folder):
+        check_world_size(folder, world_size)
+        policy, tokenizer = load_hf_folder(folder / "policy")
+        drafter = load_drafter(folder / "drafter") if cfg.speculative.enabled else None
+        state = _trainer_state(folder / "trainer.pt")
+        metrics = read_json(folder / "metrics.json")
     trainer = make_trainer(cfg, policy, tokenizer, problems, drafter, reward_fn, device)
-    state = torch.load(folder / "trainer.pt", map_location="cpu", weights_only=True)
-    trainer_state, rng = state["trainer"], state["rng"]
-    if "ranks" in state:
-        own = state["ranks"][rank]
-        trainer_state, rng = trainer_state | own["trainer"], own["rng"]
-    trainer.load_state_dict(trainer_state)
-    set_rng_state(rng)
-    return trainer, json.loads((folder / "metrics.json").read_text())
+    with _reading(folder):
+        trainer_state, rng = state["trainer"], state["rng"]
+        if "ranks" in state:
+            own = state["ranks"][rank]
+            trainer_state, rng = trainer_state | own["trainer"], own["rng"]
+        trainer.load_state_dict(trainer_state)
+        set_rng_state(rng)
+    return trainer, metrics
+
+
+def _trainer_state(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
+        # torch's message runs over many lines and, for weights_only, suggests loading untrusted pickles
+        raise ValueError(f"{path}: torch.load cannot read it ({type(e).__name__}): damaged, or not tlt's") from e
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint whose files cannot be read (changed or damaged after it was written); names the folder and
+    the error, and what to do."""
+
+
+@contextmanager
+def _reading(folder: Path) -> Iterator[None]:
+    """Errors reading `folder`'s files as CheckpointError (a one-line `tlt train` error); a ConfigError (this
+    run may not resume it) as it is."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (OSError, ValueError, KeyError, IndexError, RuntimeError, pickle.UnpicklingError) as e:
+        raise CheckpointError(
+            f"cannot resume from {folder}: {e}; restore that file, or move the folder away to start the run "
+            "over (or pick a new output_dir)"
+        ) from e
 
 
 def saved_config(folder: Path) -> RunConfig:

@@ -152,7 +152,10 @@ def initial_drafter(cfg: RunConfig, target: torch.nn.Module) -> Drafter:
 
     learned_kind, *composed = cfg.drafter.kind.split("+")
     if cfg.drafter.path:
-        drafter = load_drafter(cfg.drafter.path)
+        try:
+            drafter = load_drafter(cfg.drafter.path)
+        except ValueError as e:  # a folder that is not a drafter's, or a damaged one: a one-line CLI error
+            raise ConfigError(f"drafter.path: {e}") from e
     else:
         drafter = drafter_class(learned_kind).from_config(cfg.drafter, target, cfg.seed)
     if composed and not isinstance(drafter, ComposedDrafter):
