@@ -175,12 +175,26 @@ def load_checkpoint(
     return trainer, metrics
 
 
-def _trainer_state(path: Path) -> dict:
+def _trainer_state(path: Path, mmap: bool = False) -> dict:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
         # torch's message runs over many lines and, for weights_only, suggests loading untrusted pickles
         raise ValueError(f"{path}: torch.load cannot read it ({type(e).__name__}): damaged, or not tlt's") from e
+
+
+def check_checkpoint(folder: Path, cfg: RunConfig, world_size: int) -> None:
+    """Raise CheckpointError (or ConfigError) unless `load_checkpoint` can read the run's files in `folder`: the
+    check a parent process runs before it spawns ranks, so a damaged file is one error, not one per rank. The
+    trainer state is mapped, not read."""
+    from tlt.drafters import read_drafter_json
+
+    with _reading(folder):
+        check_world_size(folder, world_size)
+        read_json(folder / "metrics.json")
+        if cfg.speculative.enabled:
+            read_drafter_json(folder / "drafter")
+        _trainer_state(folder / "trainer.pt", mmap=True)
 
 
 class CheckpointError(ConfigError):

@@ -48,7 +48,7 @@ from tlt.eval.compare import response_tokens
 from tlt.files import atomic_write_json, atomic_write_text
 from tlt.models.io import load_hf_folder
 from tlt.training.checkpoint import (
-    check_world_size,
+    check_checkpoint,
     config_changes,
     find_checkpoint,
     load_checkpoint,
@@ -204,7 +204,7 @@ def _preflight(cfg: RunConfig, world: int) -> None:
     if folder is None:
         check_start_paths(cfg)
     else:
-        check_world_size(folder, world)
+        check_checkpoint(folder, cfg, world)
 
 
 def _spawned_rank(ctx, cfg: RunConfig, reward_fn: RewardFn) -> dict | None:

@@ -174,6 +174,25 @@ def test_a_multiprocess_checkpoint_resumes_only_with_as_many_processes(two_steps
     assert "written by a run of 2 process(es), this run has 1" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("name", "text"), [("metrics.json", "[{"), ("trainer.pt", "not a torch file")])
+def test_a_damaged_multiprocess_checkpoint_is_one_error_before_any_rank_starts(
+    two_steps,
+    config,  # noqa: F811
+    tmp_path,
+    capsys,
+    name,
+    text,
+):
+    out = tmp_path / "run"
+    shutil.copytree(two_steps[0], out)
+    (out / "checkpoint" / name).write_text(text)
+    argv = ["train", str(config), "train.devices=2", "scheduler.policy=spot", "grpo.steps=5", "--output-dir", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tlt train: error: cannot resume from") and err.count("\n") == 1, err
+    assert f"checkpoint/{name}: " in err and (out / "checkpoint" / name).read_text() == text
+
+
 def test_fsdp_update_equals_the_replicated_one(fsdp):
     a, b = fsdp
     assert a["calls"]["sharded"] == b["calls"]["sharded"]  # FSDP: as many forwards on every rank ...
