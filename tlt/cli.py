@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from tlt.files import read_json  # standard library only: no torch at import
+
 
 def _threads() -> None:
     """One torch thread per process: two threads on two cores collapse under any other load. (And no per-file
@@ -44,8 +46,6 @@ def cmd_bootstrap(args: argparse.Namespace) -> int:
     folder = bootstrap_folder(cfg)
     card_path = folder / "card.json"
     if card_path.is_file() and not args.force:
-        from tlt.files import read_json
-
         card = read_json(card_path)
         print(f"[tlt] {folder} already holds a bootstrapped model (card.json); use --force to redo it")
     else:

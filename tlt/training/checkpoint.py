@@ -210,7 +210,7 @@ def _reading(folder: Path) -> Iterator[None]:
         yield
     except ConfigError:
         raise
-    except (OSError, ValueError, KeyError, IndexError, RuntimeError, pickle.UnpicklingError) as e:
+    except (OSError, ValueError, KeyError, IndexError, RuntimeError) as e:  # _trainer_state names unpickling errors
         raise CheckpointError(
             f"cannot resume from {folder}: {e}; restore that file, or move the folder away to start the run "
             "over (or pick a new output_dir)"
