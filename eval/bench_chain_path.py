@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from tlt.backends.native import NativeEngine
-from tlt.eval.bench.passes import batch_rounds, bench_drafter, first_pass_history, measure
+from tlt.eval.bench.passes import add_sd_batch_args, batch_rounds, bench_drafter, bench_history, measure
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.machine import describe_machine, machine_name
 from tlt.models.io import load_hf_folder
@@ -34,19 +34,11 @@ from tlt.schedulers.tuners.base import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
 
 ARMS = ("plain", "sd_tree_path", "sd_chain_path")
-HISTORY_SAMPLES = 8
 
 
 def _args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", required=True, help="HF folder of the policy")
-    parser.add_argument("--drafter", default="suffix", help="'suffix' or a saved drafter folder (EAGLE)")
-    parser.add_argument("--strategy", default="5_1_6", help="a chain strategy, steps_1_verify")
-    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
-    parser.add_argument("--batches", type=lambda t: [int(x) for x in t.split(",")], default=[1, 8])
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=6, help="a multiple of 3: every arm in every position")
-    parser.add_argument("--out", required=True)
+    add_sd_batch_args(parser, rounds=6)  # a multiple of 3: every arm in every position
     args = parser.parse_args(argv)
     if SpecStrategy.parse(args.strategy).topk != 1:
         parser.error(f"--strategy {args.strategy}: the shortcut is for chains; give topk 1 (steps_1_verify)")
@@ -68,10 +60,7 @@ def run(args) -> dict:
     *prompts, spare = heldout_prompt_ids(tokenizer, args.prompts + 1)
     room = SpecStrategy.parse(args.strategy).verify_tokens
     eos, max_seq_len = tokenizer.eos_token_id, max(map(len, [*prompts, spare])) + args.max_new_tokens + room
-    history = None
-    if args.drafter == "suffix":
-        plain = NativeEngine(model, eos, max_seq_len)
-        history = first_pass_history(plain, prompts, HISTORY_SAMPLES, args.max_new_tokens)
+    history = bench_history(args.drafter, NativeEngine(model, eos, max_seq_len), prompts, args.max_new_tokens)
 
     def make_engine(arm: str) -> NativeEngine:
         return _engine(arm, model, eos, max_seq_len, args, history)

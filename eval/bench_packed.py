@@ -26,7 +26,15 @@ import sys
 from pathlib import Path
 
 from tlt.backends.native import NativeEngine
-from tlt.eval.bench.passes import batch_rounds, bench_drafter, first_pass_history, measure, rotated
+from tlt.eval.bench.passes import (
+    add_sd_batch_args,
+    batch_rounds,
+    bench_drafter,
+    bench_history,
+    ints,
+    measure,
+    rotated,
+)
 from tlt.eval.bench.sd.costs import forward_seconds
 from tlt.eval.heldout import heldout_prompt_ids
 from tlt.machine import describe_machine
@@ -36,27 +44,15 @@ from tlt.schedulers.tuners.base import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
 
 WEIGHTS = ("linear", "packed")
-HISTORY_SAMPLES = 8
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",")]
 
 
 def _args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--target", required=True, help="HF folder of the policy")
-    parser.add_argument("--drafter", default="suffix", help="'suffix' or a saved drafter folder (EAGLE)")
-    parser.add_argument("--strategy", default="5_1_6", help="the SD arms' strategy, steps_topk_verify")
-    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
-    parser.add_argument("--batches", type=_ints, default=[1, 8], help="samples per prompt and call (rows)")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cost-batches", type=_ints, default=[1, 4, 16], help="b of the forward costs")
-    parser.add_argument("--new-tokens", type=_ints, default=[1, 2, 4, 6, 8], help="N of the forward costs")
+    add_sd_batch_args(parser, rounds=5)
+    parser.add_argument("--cost-batches", type=ints, default=[1, 4, 16], help="b of the forward costs")
+    parser.add_argument("--new-tokens", type=ints, default=[1, 2, 4, 6, 8], help="N of the forward costs")
     parser.add_argument("--cache-len", type=int, default=128, help="cached tokens per row in the forward costs")
     parser.add_argument("--reps", type=int, default=20, help="forwards per cost measurement")
-    parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     SpecStrategy.parse(args.strategy)  # a malformed strategy stops here, naming itself
     if 1 not in args.new_tokens:
@@ -96,11 +92,7 @@ def decoding(model, tokenizer, args) -> list[dict]:
     prompts = heldout_prompt_ids(tokenizer, args.prompts)
     room = SpecStrategy.parse(args.strategy).verify_tokens
     eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + room
-    history = None
-    if args.drafter == "suffix":
-        history = first_pass_history(
-            NativeEngine(model, eos, max_seq_len), prompts, HISTORY_SAMPLES, args.max_new_tokens
-        )
+    history = bench_history(args.drafter, NativeEngine(model, eos, max_seq_len), prompts, args.max_new_tokens)
     arms = [f"{mode}/{w}" for mode in ("plain", "sd") for w in WEIGHTS]
 
     def make_engine(arm: str) -> NativeEngine:

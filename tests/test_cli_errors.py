@@ -39,6 +39,19 @@ def test_bad_yaml_bad_jsonl_and_unknown_families_are_one_line_errors(bad_inputs,
     _one_line(capsys, "train-drafter", "bad.yaml is not valid YAML")
 
 
+def test_a_damaged_model_folder_is_a_one_line_error_naming_the_file(tmp_path, capsys):
+    from tests.tiny_model import save_math_policy
+
+    model = tmp_path / "model"
+    save_math_policy(model)
+    (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:-8])
+    capsys.readouterr()  # the save's progress bar
+    for command in (["evaluate", str(model)], ["train-drafter", str(model), "--output", str(tmp_path / "d")]):
+        assert main(command) == 2
+        _one_line(capsys, command[0], "model/model.safetensors: not a readable safetensors file")
+    assert not (tmp_path / "d").exists()
+
+
 def test_debug_shows_the_traceback(bad_inputs):
     yaml, _ = bad_inputs
     with pytest.raises(ConfigError, match="not valid YAML"):

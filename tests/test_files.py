@@ -1,8 +1,16 @@
 """tlt.files: a failed write leaves the old file or folder as it was and no temporary behind."""
 
 import pytest
+import torch
 
-from tlt.files import atomic_folder, atomic_write_json, atomic_write_text, read_json, write_report
+from tlt.files import (
+    atomic_folder,
+    atomic_write_json,
+    atomic_write_text,
+    check_saved_files,
+    read_json,
+    write_report,
+)
 
 
 def test_a_folder_is_replaced_only_when_its_block_succeeds(tmp_path):
@@ -44,3 +52,22 @@ def test_a_file_that_is_not_json_is_named_with_where_it_broke(tmp_path):
     path.write_text('{"a": [1, 2]\n "b": 3}')
     with pytest.raises(ValueError, match=r"card.json: not valid JSON at line 2, column 2 \(Expecting ',' delimiter\)"):
         read_json(path)
+
+
+def test_a_damaged_saved_file_is_named_and_a_sound_folder_passes(tmp_path):
+    from safetensors.torch import save_file
+
+    (tmp_path / "inner").mkdir()
+    weights = tmp_path / "inner" / "model.safetensors"
+    save_file({"w": torch.ones(64, 64)}, weights)
+    (tmp_path / "config.json").write_text('{"a": 1}')
+    check_saved_files(tmp_path)
+    whole = weights.read_bytes()
+    for damaged in (whole[:-16], b"not safetensors"):  # cut short, or not one at all
+        weights.write_bytes(damaged)
+        with pytest.raises(ValueError, match=r"inner/model.safetensors: not a readable safetensors file \("):
+            check_saved_files(tmp_path)
+    weights.write_bytes(whole)
+    (tmp_path / "inner" / "tokenizer.json").write_text('{"model": ')
+    with pytest.raises(ValueError, match="inner/tokenizer.json: not valid JSON at line 1, column 11"):
+        check_saved_files(tmp_path)

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from tlt.files import read_json  # standard library only: no torch at import
+from tlt.files import DamagedFileError, read_json  # standard library only: no torch at import
 
 
 def _threads() -> None:
@@ -331,9 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     from tlt.config import ConfigError
     from tlt.data.jsonl import DataError
 
+    # ImportError: an optional extra that is not installed
+    one_line = (ConfigError, DataError, AssetError, DamagedFileError, FileNotFoundError, ImportError)
     try:
         return args.func(args)
-    except (ConfigError, DataError, AssetError, FileNotFoundError, ImportError) as err:  # ImportError: an extra
+    except one_line as err:
         if getattr(args, "debug", False):
             raise
         return _error(args.command, f"{err} (--debug shows the traceback)")

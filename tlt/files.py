@@ -40,14 +40,49 @@ def atomic_write_json(path: str | Path, payload: object) -> None:
     atomic_write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")
 
 
+class DamagedFileError(ValueError):
+    """A saved file that does not read (not JSON, a safetensors file cut short); names the file and what is wrong.
+    The CLI prints it as one error line."""
+
+
 def read_json(path: str | Path) -> object:
-    """The JSON in `path`; a ValueError naming the file and where it broke when it is not JSON (a bare
+    """The JSON in `path`; a DamagedFileError naming the file and where it broke when it is not JSON (a bare
     JSONDecodeError names neither)."""
     path = Path(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from e
+        raise DamagedFileError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno} ({e.msg})") from e
+
+
+def read_torch(path: str | Path, **kwargs) -> object:
+    """`torch.load(path, map_location="cpu", **kwargs)`; a DamagedFileError naming the file when it does not
+    read (torch's own message runs over many lines and, under weights_only, suggests loading untrusted
+    pickles)."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", **kwargs)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
+        raise DamagedFileError(f"{path}: torch.load cannot read it ({type(e).__name__}): damaged, or not tlt's") from e
+
+
+def check_saved_files(folder: str | Path) -> None:
+    """Raise a DamagedFileError naming the first file under `folder` that does not read: a JSON file that does not
+    parse (line and column), a safetensors file whose header does not (damaged, or cut short). Reads the
+    safetensors headers, not the tensors: cheap, for a check before anything loads."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(Path(folder).rglob("*.json")):
+        read_json(path)
+    for path in sorted(Path(folder).rglob("*.safetensors")):
+        try:
+            with safe_open(path, framework="pt"):
+                pass
+        except SafetensorError as e:
+            raise DamagedFileError(f"{path}: not a readable safetensors file ({e}): damaged, or cut short") from e
 
 
 def atomic_save_figure(fig, path: str | Path, dpi: int = 120) -> None:

@@ -233,6 +233,7 @@ def test_missing_model_path_fails_up_front(tmp_path):
 
 def test_missing_drafter_path_fails_up_front_with_the_command_to_make_it(tmp_path):
     (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # the base policy passes the up-front check
     extra = [f"model.path={tmp_path / 'model'}", f"drafter.path={tmp_path / 'drafter'}"]
     runner = FakeRunner()
     with pytest.raises(ConfigError, match="drafter.path: .* not found; distil one first: `tlt train-drafter"):

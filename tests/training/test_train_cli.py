@@ -195,6 +195,16 @@ def test_a_damaged_drafter_path_is_a_one_line_error_naming_the_file(config, tmp_
     assert err.startswith("tlt train: error: drafter.path: ") and "tlt_drafter.json: not valid JSON at line 1" in err
 
 
+def test_a_damaged_base_policy_is_a_one_line_error_naming_the_file(config, tmp_path, capsys):
+    policy = tmp_path / "policy"
+    shutil.copytree(load_config(config).model.path, policy)
+    (policy / "model.safetensors").write_bytes((policy / "model.safetensors").read_bytes()[:-8])
+    assert _train(config, tmp_path / "run", f"model.path={policy}") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tlt train: error: model.path: ") and err.count("\n") == 1, err
+    assert "policy/model.safetensors: not a readable safetensors file" in err and not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def one_step(config, tmp_path_factory):
     out = tmp_path_factory.mktemp("one_step") / "run"
@@ -209,6 +219,9 @@ def one_step(config, tmp_path_factory):
         ("meta.json", "[1]", "meta.json: expected a JSON object"),
         ("drafter/tlt_drafter.json", "{", "tlt_drafter.json: not valid JSON at line 1, column 2"),
         ("trainer.pt", "not a torch file", "trainer.pt: torch.load cannot read it"),
+        ("policy/model.safetensors", "cut", "policy/model.safetensors: not a readable safetensors file"),
+        ("policy/tokenizer.json", '{"model": ', "policy/tokenizer.json: not valid JSON at line 1, column 11"),
+        ("drafter/model.safetensors", "cut", "drafter/model.safetensors: not a readable safetensors file"),
     ],
 )
 def test_a_damaged_checkpoint_is_a_one_line_error_naming_the_file(

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tlt.files import atomic_folder, read_json
+from tlt.files import atomic_folder, check_saved_files, read_json
 
 DRAFTERS = {
     "eagle": "tlt.drafters.eagle:EagleDrafter",
@@ -46,9 +46,17 @@ def read_drafter_json(path: str | Path) -> dict:
     return payload
 
 
+def check_drafter_folder(path: str | Path) -> dict:
+    """`read_drafter_json`, and a ValueError naming any other file of the folder that is damaged
+    (`tlt.files.check_saved_files`); loads no weights."""
+    payload = read_drafter_json(path)
+    check_saved_files(path)
+    return payload
+
+
 def load_drafter(path: str | Path):
-    """Load a saved drafter of any registered kind."""
-    kind = read_drafter_json(path)["kind"]
+    """Load a saved drafter of any registered kind (checked first: `check_drafter_folder`)."""
+    kind = check_drafter_folder(path)["kind"]
     return drafter_class(kind).load(path)
 
 

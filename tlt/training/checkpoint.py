@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pickle
 import random
 import shutil
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from pathlib import Path
 import torch
 
 from tlt.config import ConfigError, RunConfig, load_config, to_yaml
-from tlt.files import atomic_folder, read_json
+from tlt.files import atomic_folder, read_json, read_torch
 from tlt.models.io import load_hf_folder, save_hf_folder
 from tlt.training.rl_loop import RewardFn, RLTrainer
 
@@ -156,45 +155,45 @@ def load_checkpoint(
     Global RNG states are restored last, after building the trainer (building moves torch's RNG).
     A file that cannot be read is a CheckpointError naming it; nothing in the folder is changed.
     """
-    from tlt.drafters import load_drafter
-
+    files = _read_files(folder, cfg, world_size)
+    policy, tokenizer = files["policy"]
+    trainer = make_trainer(cfg, policy, tokenizer, problems, files["drafter"], reward_fn, device)
     with _reading(folder):
-        check_world_size(folder, world_size)
-        policy, tokenizer = load_hf_folder(folder / "policy")
-        drafter = load_drafter(folder / "drafter") if cfg.speculative.enabled else None
-        state = _trainer_state(folder / "trainer.pt")
-        metrics = read_json(folder / "metrics.json")
-    trainer = make_trainer(cfg, policy, tokenizer, problems, drafter, reward_fn, device)
-    with _reading(folder):
+        state = files["trainer.pt"]
         trainer_state, rng = state["trainer"], state["rng"]
         if "ranks" in state:
             own = state["ranks"][rank]
             trainer_state, rng = trainer_state | own["trainer"], own["rng"]
         trainer.load_state_dict(trainer_state)
         set_rng_state(rng)
-    return trainer, metrics
+    return trainer, files["metrics.json"]
 
 
-def _trainer_state(path: Path, mmap: bool = False) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
-    except (RuntimeError, pickle.UnpicklingError, EOFError) as e:
-        # torch's message runs over many lines and, for weights_only, suggests loading untrusted pickles
-        raise ValueError(f"{path}: torch.load cannot read it ({type(e).__name__}): damaged, or not tlt's") from e
+def _read_files(folder: Path, cfg: RunConfig, world_size: int, check: bool = False) -> dict:
+    """The checkpoint's files by name, read (`check`: checked to be readable, without loading the weights: the
+    policy's and the drafter's files checked, trainer.pt mapped), after its world size is checked. The one list
+    of what a resume reads, for `load_checkpoint` and `check_checkpoint` alike."""
+    from tlt.drafters import check_drafter_folder, load_drafter
+    from tlt.models.io import check_hf_folder
+
+    with _reading(folder):
+        check_world_size(folder, world_size)
+        drafter = None
+        if cfg.speculative.enabled:
+            drafter = (check_drafter_folder if check else load_drafter)(folder / "drafter")
+        return {
+            "policy": (check_hf_folder if check else load_hf_folder)(folder / "policy"),
+            "drafter": drafter,
+            "trainer.pt": read_torch(folder / "trainer.pt", weights_only=True, mmap=check),
+            "metrics.json": read_json(folder / "metrics.json"),
+        }
 
 
 def check_checkpoint(folder: Path, cfg: RunConfig, world_size: int) -> None:
     """Raise CheckpointError (or ConfigError) unless `load_checkpoint` can read the run's files in `folder`: the
-    check a parent process runs before it spawns ranks, so a damaged file is one error, not one per rank. The
-    trainer state is mapped, not read."""
-    from tlt.drafters import read_drafter_json
-
-    with _reading(folder):
-        check_world_size(folder, world_size)
-        read_json(folder / "metrics.json")
-        if cfg.speculative.enabled:
-            read_drafter_json(folder / "drafter")
-        _trainer_state(folder / "trainer.pt", mmap=True)
+    check a parent process runs before it spawns ranks, so a damaged file is one error, not one per rank. No
+    weights are loaded: the trainer state is mapped, the policy's and drafter's files are checked."""
+    _read_files(folder, cfg, world_size, check=True)
 
 
 class CheckpointError(ConfigError):
@@ -210,7 +209,7 @@ def _reading(folder: Path) -> Iterator[None]:
         yield
     except ConfigError:
         raise
-    except (OSError, ValueError, KeyError, IndexError, RuntimeError) as e:  # _trainer_state names unpickling errors
+    except (OSError, ValueError, KeyError, IndexError, RuntimeError) as e:  # read_torch names unpickling errors
         raise CheckpointError(
             f"cannot resume from {folder}: {e}; restore that file, or move the folder away to start the run "
             "over (or pick a new output_dir)"

@@ -44,9 +44,10 @@ import torch
 from tlt.config import ConfigError, RunConfig, to_yaml
 from tlt.data.rewards import math_rewards
 from tlt.data.splits import rl_problems
+from tlt.drafters import check_drafter_folder
 from tlt.eval.compare import response_tokens
 from tlt.files import atomic_write_json, atomic_write_text
-from tlt.models.io import load_hf_folder
+from tlt.models.io import check_hf_folder, load_hf_folder
 from tlt.training.checkpoint import (
     check_checkpoint,
     config_changes,
@@ -315,10 +316,16 @@ def check_start_paths(cfg: RunConfig) -> None:
     _check_model_path(cfg)
     check_data_paths(cfg)
     path = cfg.drafter.path
-    if cfg.speculative.enabled and path and not Path(path).is_dir():
+    if not (cfg.speculative.enabled and path):
+        return
+    if not Path(path).is_dir():
         raise FileNotFoundError(
             f"drafter.path: {path} not found; distil one first: `tlt train-drafter {cfg.model.path} --output {path}`"
         )
+    try:
+        check_drafter_folder(path)
+    except (FileNotFoundError, ValueError) as e:  # not a drafter's folder, or a damaged one
+        raise ConfigError(f"drafter.path: {e}") from e
 
 
 def check_data_paths(cfg: RunConfig) -> None:
@@ -350,6 +357,10 @@ def _check_model_path(cfg: RunConfig) -> None:
         raise FileNotFoundError(
             f"model.path: {path} not found; bootstrap a base policy first ({make}) or point model.path at an HF folder"
         )
+    try:
+        check_hf_folder(path)
+    except (FileNotFoundError, ValueError) as e:  # no config.json, or a damaged file
+        raise ConfigError(f"model.path: {e}") from e
 
 
 def _finish(cfg: RunConfig, out: Path, history: list[dict], extra: dict | None = None) -> dict:

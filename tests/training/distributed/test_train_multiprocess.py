@@ -174,7 +174,9 @@ def test_a_multiprocess_checkpoint_resumes_only_with_as_many_processes(two_steps
     assert "written by a run of 2 process(es), this run has 1" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("name", "text"), [("metrics.json", "[{"), ("trainer.pt", "not a torch file")])
+@pytest.mark.parametrize(
+    ("name", "text"), [("metrics.json", "[{"), ("trainer.pt", "not a torch file"), ("policy/model.safetensors", "cut")]
+)
 def test_a_damaged_multiprocess_checkpoint_is_one_error_before_any_rank_starts(
     two_steps,
     config,  # noqa: F811

@@ -41,6 +41,23 @@ def test_round_trip_with_optimizer_state_step_and_version(trained, tmp_path):
     assert isinstance(load_drafter(tmp_path / "latest"), EagleDrafter)  # a plain drafter folder too
 
 
+def test_a_damaged_drafter_checkpoint_names_the_file(trained, tmp_path):
+    from tlt.files import DamagedFileError
+
+    drafter, optimizer = trained
+    checkpoint = AsyncDrafterCheckpoint(tmp_path / "latest")
+    checkpoint.save(drafter, optimizer, step=7, version=7)
+    checkpoint.wait()
+    state = tmp_path / "latest" / drafter_checkpoint.STATE_FILE
+    state.write_bytes(state.read_bytes()[:100])
+    with pytest.raises(DamagedFileError, match=r"latest/drafter_state.pt: torch.load cannot read it"):
+        load_drafter_checkpoint(tmp_path / "latest")
+    weights = tmp_path / "latest" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    with pytest.raises(DamagedFileError, match=r"latest/model.safetensors: not a readable safetensors file"):
+        load_drafter(tmp_path / "latest")
+
+
 def test_a_drafter_steppers_warm_up_resumes_from_its_checkpoint(tmp_path):
     cfg = spot_workers.DrafterConfig(lr=1e-3, batch_tokens=64, online_warmup_steps=4)
     stepper = spot_workers.DrafterStepper(spot_workers.build_head(), spot_workers.build_buffer(0), cfg)

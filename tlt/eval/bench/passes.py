@@ -94,6 +94,31 @@ def first_pass_history(engine: NativeEngine, prompts, samples: int, max_new_toke
     ]
 
 
+def add_sd_batch_args(parser, rounds: int) -> None:
+    """The options of an eval/ script that decodes held-out prompts in groups of b rows (`batch_rounds`) with SD
+    at one strategy: the policy, the SD arms' drafter (`bench_drafter`) and strategy, prompts, batches, tokens,
+    rounds and the output folder."""
+    parser.add_argument("--target", required=True, help="HF folder of the policy")
+    parser.add_argument("--drafter", default="suffix", help="'suffix' or a saved drafter folder (EAGLE)")
+    parser.add_argument("--strategy", default="5_1_6", help="the SD arms' strategy, steps_topk_verify")
+    parser.add_argument("--prompts", type=int, default=8, help="held-out prompts")
+    parser.add_argument("--batches", type=ints, default=[1, 8], help="samples per prompt and call (rows)")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--out", required=True)
+
+
+def ints(text: str) -> list[int]:
+    """'1,8' -> [1, 8] (an argparse type)."""
+    return [int(x) for x in text.split(",")]
+
+
+def bench_history(spec: str, engine: NativeEngine, prompts, max_new_tokens: int) -> list[dict] | None:
+    """What `bench_drafter` restores a suffix drafter from: 8 first-pass samples per prompt (`first_pass_history`,
+    the prompts' next RL epoch); None for a saved drafter."""
+    return first_pass_history(engine, prompts, 8, max_new_tokens) if spec == "suffix" else None
+
+
 def bench_drafter(spec: str, history: list[dict] | None):
     """The SD arms' drafter of an eval/ script: `suffix`, restored from `history` (`first_pass_history`), or a
     saved drafter folder (`drafter_from_spec`)."""

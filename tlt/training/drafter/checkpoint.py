@@ -27,6 +27,7 @@ import torch
 
 from tlt.drafters import save_folder
 from tlt.drafters.eagle import WEIGHTS_FILE, EagleDrafter
+from tlt.files import read_torch
 
 STATE_FILE = "drafter_state.pt"
 
@@ -95,7 +96,7 @@ def load_drafter_state(path: str | Path) -> dict | None:
     """The training state ({"optimizer", "step", "version"}) saved with a drafter folder; None for a drafter
     saved without one (e.g. by `tlt train-drafter`)."""
     file = Path(path) / STATE_FILE
-    return torch.load(file, weights_only=False) if file.is_file() else None
+    return read_torch(file, weights_only=False) if file.is_file() else None
 
 
 def _cpu_copy(tree):
