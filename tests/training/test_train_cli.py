@@ -248,7 +248,7 @@ def test_overrides_may_come_before_or_after_options():
     assert args.overrides == ["eval.batch_size=4", "data.seed=2"] and args.n == 8
 
 
-def test_async_drafter_checkpoint_is_written_and_resumes_drafter_training(config, tmp_path):
+def test_async_drafter_checkpoint_is_written_and_resumes_drafter_training(config, tmp_path, capsys):
     from tlt.training.drafter.checkpoint import load_drafter_checkpoint
 
     out = tmp_path / "run"
@@ -259,6 +259,15 @@ def test_async_drafter_checkpoint_is_written_and_resumes_drafter_training(config
     assert all(torch.equal(drafter.head.state_dict()[k], v) for k, v in final.items())
     rows = (out / "metrics.csv").read_text().splitlines()
     assert "drafter_checkpoint_seconds" in rows[0]
+    state_file = out / "drafter_latest" / "drafter_state.pt"
+    whole = state_file.read_bytes()
+    state_file.write_bytes(whole[:200])
+    capsys.readouterr()  # the first run's output
+    assert _train(config, tmp_path / "damaged", f"drafter.path={out / 'drafter_latest'}") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tlt train: error: drafter.path: ") and err.count("\n") == 1, err
+    assert "drafter_latest/drafter_state.pt: torch.load cannot read it" in err
+    state_file.write_bytes(whole)
     # a new run starting from it continues drafter training with its optimizer state
     cfg = load_config(config, [f"drafter.path={out / 'drafter_latest'}", f"output_dir={tmp_path / 'next'}"])
     policy, tokenizer = load_hf_folder(cfg.model.path)

@@ -56,6 +56,7 @@ from tlt.training.checkpoint import (
     save_checkpoint,
     saved_config,
 )
+from tlt.training.drafter.checkpoint import check_drafter_state
 from tlt.training.rl_loop import RewardFn, RLTrainer
 from tlt.training.run_log import MetricsLog, plot_summary, progress_line
 
@@ -324,6 +325,7 @@ def check_start_paths(cfg: RunConfig) -> None:
         )
     try:
         check_drafter_folder(path)
+        check_drafter_state(path)  # an async drafter checkpoint's optimizer state
     except (FileNotFoundError, ValueError) as e:  # not a drafter's folder, or a damaged one
         raise ConfigError(f"drafter.path: {e}") from e
 

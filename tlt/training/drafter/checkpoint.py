@@ -99,6 +99,14 @@ def load_drafter_state(path: str | Path) -> dict | None:
     return read_torch(file, weights_only=False) if file.is_file() else None
 
 
+def check_drafter_state(path: str | Path) -> None:
+    """Raise DamagedFileError unless the training state saved with a drafter folder, if any, reads (mapped: no
+    tensor is loaded)."""
+    file = Path(path) / STATE_FILE
+    if file.is_file():
+        read_torch(file, weights_only=False, mmap=True)
+
+
 def _cpu_copy(tree):
     if isinstance(tree, torch.Tensor):
         return tree.detach().to("cpu", copy=True)
