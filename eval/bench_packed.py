@@ -23,23 +23,22 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from functools import partial
 from pathlib import Path
 
 from tlt.backends.native import NativeEngine
 from tlt.eval.bench.passes import (
+    add_forward_cost_args,
     add_sd_batch_args,
-    batch_rounds,
     bench_drafter,
-    bench_history,
-    ints,
+    group_decoding,
     measure,
+    packable_policy,
     rotated,
 )
 from tlt.eval.bench.sd.costs import forward_seconds
-from tlt.eval.heldout import heldout_prompt_ids
 from tlt.machine import describe_machine
-from tlt.models.io import load_hf_folder
-from tlt.models.lean import LeanModel, packable
+from tlt.models.lean import LeanModel
 from tlt.schedulers.tuners.base import FixedTuner
 from tlt.speculative.strategy import SpecStrategy
 
@@ -49,10 +48,7 @@ WEIGHTS = ("linear", "packed")
 def _args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_sd_batch_args(parser, rounds=5)
-    parser.add_argument("--cost-batches", type=ints, default=[1, 4, 16], help="b of the forward costs")
-    parser.add_argument("--new-tokens", type=ints, default=[1, 2, 4, 6, 8], help="N of the forward costs")
-    parser.add_argument("--cache-len", type=int, default=128, help="cached tokens per row in the forward costs")
-    parser.add_argument("--reps", type=int, default=20, help="forwards per cost measurement")
+    add_forward_cost_args(parser)
     args = parser.parse_args(argv)
     SpecStrategy.parse(args.strategy)  # a malformed strategy stops here, naming itself
     if 1 not in args.new_tokens:
@@ -77,7 +73,7 @@ def forward_costs(model, args) -> list[dict]:
     return rounds
 
 
-def _engine(arm: str, model, eos: int, max_seq_len: int, args, history) -> NativeEngine:
+def _engine(model, args, arm: str, eos: int, max_seq_len: int, history) -> NativeEngine:
     mode, weights = arm.split("/")
     packed = weights == "packed"
     if mode == "plain":
@@ -89,22 +85,12 @@ def _engine(arm: str, model, eos: int, max_seq_len: int, args, history) -> Nativ
 
 def decoding(model, tokenizer, args) -> list[dict]:
     """Per round, per batch: each arm's sums over the prompts (rotated order, the same seeds)."""
-    prompts = heldout_prompt_ids(tokenizer, args.prompts)
-    room = SpecStrategy.parse(args.strategy).verify_tokens
-    eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + room
-    history = bench_history(args.drafter, NativeEngine(model, eos, max_seq_len), prompts, args.max_new_tokens)
-    arms = [f"{mode}/{w}" for mode in ("plain", "sd") for w in WEIGHTS]
-
-    def make_engine(arm: str) -> NativeEngine:
-        return _engine(arm, model, eos, max_seq_len, args, history)
-
-    return batch_rounds(arms, args.batches, args.rounds, make_engine, prompts, args.max_new_tokens, "bench_packed")
+    arms = [f"{mode}/{kind}" for mode in ("plain", "sd") for kind in WEIGHTS]
+    return group_decoding(model, tokenizer, args, arms, partial(_engine, model, args), "bench_packed")
 
 
 def run(args) -> dict:
-    model, tokenizer = load_hf_folder(args.target)
-    if not packable(model.get_input_embeddings().weight):
-        raise SystemExit(f"{args.target}: its weights ({model.dtype}) are not packed here (CPU float32 / bfloat16)")
+    model, tokenizer = packable_policy(args.target)
     return {
         "machine": describe_machine(),
         "settings": vars(args),

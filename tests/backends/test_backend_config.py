@@ -90,4 +90,4 @@ def test_missing_sglang_gives_an_install_hint():
 def test_packed_weights_reach_the_native_engine(packed, tmp_path):
     cfg = load_config(None, [f"rollout.packed_weights={str(packed).lower()}"])
     engine = engine_from_config(cfg, random_target(), tiny_tokenizer(), None, torch.device("cpu"), tmp_path)
-    assert all(layer.q.packed == packed and layer.down.packed == packed for layer in engine.runner.lean.layers)
+    assert all(layer.qkv.packed == packed and layer.down.packed == packed for layer in engine.runner.lean.layers)

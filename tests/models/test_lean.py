@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tlt.models.lean import KVCache, LeanModel, Linear, attention_mask, commit_path, compact, packable
+from tlt.models.lean import FusedLinear, KVCache, LeanModel, Linear, attention_mask, commit_path, compact, packable
 from tlt.models.presets import build_model
 from tlt.speculative.tree import DraftTree
 
@@ -258,8 +258,8 @@ def test_packed_weights_give_the_shared_weights_logits(name, request):
     model = request.getfixturevalue(name)
     packed, plain = LeanModel.from_hf(model), LeanModel.from_hf(model, packed=False)
     got, want = _verify_forward(packed, 60), _verify_forward(plain, 60)
-    assert packed.layers[0].q.packed and packed.layers[0].q._copy is not None  # the packed path ran
-    assert not plain.layers[0].q.packed and plain.layers[0].q._copy is None
+    assert packed.layers[0].qkv.packed and packed.layers[0].qkv._copy is not None  # the packed path ran
+    assert not plain.layers[0].qkv.packed and plain.layers[0].qkv._copy is None
     torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
 
 
@@ -284,6 +284,25 @@ def test_packed_copies_follow_in_place_weight_updates():
     torch.testing.assert_close(
         _verify_forward(lean, 70), _verify_forward(LeanModel.from_hf(other), 70), atol=ATOL, rtol=0
     )
+
+
+def test_a_fused_product_gives_its_parts_outputs_and_follows_their_updates():
+    """q, k, v (with biases) as one packed product: each output is the part's own product, and an in-place change
+    of one part's weight or bias is seen."""
+    q, k, v = (Linear(torch.randn(n, 32), torch.randn(n)) for n in (32, 16, 16))
+    fused = FusedLinear([q, k, v])
+    x = torch.randn(2, 3, 32)
+    for _ in range(2):
+        outputs = fused(x)
+        assert fused.packed and [o.shape[-1] for o in outputs] == [32, 16, 16]
+        for part, out in zip((q, k, v), outputs, strict=True):
+            torch.testing.assert_close(out, part(x), atol=1e-5, rtol=0)
+        with torch.no_grad():
+            k.bias.add_(1.0)
+            v.weight.mul_(2.0)
+    one = fused(x[:1, :1])  # one token: each part's F.linear
+    torch.testing.assert_close(one[2], torch.nn.functional.linear(x[:1, :1], v.weight, v.bias), atol=0, rtol=0)
+    assert not FusedLinear([q, Linear(torch.randn(8, 32))]).packed  # bias on some parts only: kept apart
 
 
 def test_only_cpu_float_weights_are_packed():

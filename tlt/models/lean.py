@@ -61,6 +61,43 @@ class Linear:
         return torch.ops.mkldnn._linear_pointwise(x, self._copy, self.bias, "none", [], "")
 
 
+class FusedLinear:
+    """Projections of the same input (q, k, v; gate, up) as one product: on CPU's packed path, one packed copy of
+    their stacked weights, the output split after. Returns the parts' outputs, views of the one output.
+
+    Fewer, wider products: a few percent off a forward of 2-64 tokens on a 2-core EPYC (eval/bench_fused.py,
+    docs/results.md), the same results bit for bit there. One-token inputs keep each part's F.linear (a stacked
+    matrix-vector product was no faster), and so does every input where a part is not packed. The copy replaces
+    the parts' own packed copies and is remade when a part's weight or bias changes in place.
+    """
+
+    def __init__(self, parts: list[Linear], stacked: bool = True):
+        """stacked: False keeps every part's own product (eval/bench_fused.py compares the two)."""
+        self.parts = parts
+        self.sizes = [part.weight.shape[0] for part in parts]
+        same_bias = len({part.bias is None for part in parts}) == 1
+        self.packed = stacked and all(part.packed for part in parts) and same_bias
+        self._copy: tuple[torch.Tensor, torch.Tensor | None] | None = None
+        self._versions: tuple[int, ...] = ()
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if not self.packed or x.numel() == x.shape[-1]:
+            return tuple(part(x) for part in self.parts)
+        weight, bias = self._stacked()
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "").split(self.sizes, dim=-1)
+
+    def _stacked(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        tensors = [t for part in self.parts for t in (part.weight, part.bias) if t is not None]
+        versions = tuple(t._version for t in tensors)
+        if versions != self._versions:
+            self._versions = versions
+            weight = torch.cat([part.weight.detach() for part in self.parts])
+            has_bias = self.parts[0].bias is not None
+            bias = torch.cat([part.bias.detach() for part in self.parts]) if has_bias else None
+            self._copy = (torch.ops.mkldnn._reorder_linear_weight(weight), bias)
+        return self._copy
+
+
 def packable(weight: torch.Tensor) -> bool:
     """Whether `Linear` multiplies by a packed copy of this weight: CPU, float32 or bfloat16, oneDNN built in."""
     return (
@@ -75,17 +112,14 @@ class LeanLayer:
     """One decoder layer: its norms' weights and its projections (weights shared with the HF layer)."""
 
     input_norm: torch.Tensor  # [D]
-    q: Linear  # [H * Dh, D], bias where the architecture has one (Qwen2)
-    k: Linear  # [Hkv * Dh, D]
-    v: Linear  # [Hkv * Dh, D]
+    qkv: FusedLinear  # q [H * Dh, D], k and v [Hkv * Dh, D], biases where the architecture has them (Qwen2)
     o: Linear  # [D, H * Dh]
     post_norm: torch.Tensor  # [D]
-    gate: Linear  # [I, D]
-    up: Linear  # [I, D]
+    gate_up: FusedLinear  # gate and up [I, D]
     down: Linear  # [D, I]
 
 
-def _layer_from_hf(layer: torch.nn.Module, packed: bool) -> LeanLayer:
+def _layer_from_hf(layer: torch.nn.Module, packed: bool, stacked: bool) -> LeanLayer:
     attn, mlp = layer.self_attn, layer.mlp
     if getattr(mlp, "gate_proj", None) is None or getattr(mlp.gate_proj, "bias", None) is not None:
         raise ValueError("LeanModel supports SwiGLU MLPs without bias (Qwen2 / Llama); got another MLP layout")
@@ -95,13 +129,10 @@ def _layer_from_hf(layer: torch.nn.Module, packed: bool) -> LeanLayer:
 
     return LeanLayer(
         input_norm=layer.input_layernorm.weight,
-        q=linear(attn.q_proj),
-        k=linear(attn.k_proj),
-        v=linear(attn.v_proj),
+        qkv=FusedLinear([linear(attn.q_proj), linear(attn.k_proj), linear(attn.v_proj)], stacked),
         o=linear(attn.o_proj),
         post_norm=layer.post_attention_layernorm.weight,
-        gate=linear(mlp.gate_proj),
-        up=linear(mlp.up_proj),
+        gate_up=FusedLinear([linear(mlp.gate_proj), linear(mlp.up_proj)], stacked),
         down=linear(mlp.down_proj),
     )
 
@@ -142,8 +173,9 @@ def attention_mask(cache_lens: torch.Tensor, num_new: int, kv_len: int, tree_mas
 class LeanModel:
     """Inference-only forward over an HF Qwen2 / Llama causal LM's weights (shared, not copied)."""
 
-    def __init__(self, model: torch.nn.Module, packed: bool = True):
-        """packed: multiply by packed copies of the weights where `Linear` can (CPU); False keeps F.linear."""
+    def __init__(self, model: torch.nn.Module, packed: bool = True, stacked: bool = True):
+        """packed: multiply by packed copies of the weights where `Linear` can (CPU); False keeps F.linear.
+        stacked: q, k, v and gate, up as one packed product each (`FusedLinear`); False: one per projection."""
         config = model.config
         inner = model.model
         self.num_layers = config.num_hidden_layers
@@ -157,13 +189,13 @@ class LeanModel:
         self.embed = inner.embed_tokens.weight  # [V, D]
         self.final_norm = inner.norm.weight  # [D]
         self.lm_head = Linear(model.lm_head.weight, packed=packed)  # [V, D] (the embedding itself when tied)
-        self.layers = [_layer_from_hf(layer, packed) for layer in inner.layers]
+        self.layers = [_layer_from_hf(layer, packed, stacked) for layer in inner.layers]
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self._rope_tables(inner.rotary_emb)
 
     @classmethod
-    def from_hf(cls, model: torch.nn.Module, packed: bool = True) -> LeanModel:
+    def from_hf(cls, model: torch.nn.Module, packed: bool = True, stacked: bool = True) -> LeanModel:
         if getattr(model.config, "model_type", None) not in ("qwen2", "llama"):
             raise ValueError(
                 f"LeanModel supports Qwen2 and Llama causal LMs, got model_type={model.config.model_type!r}"
@@ -173,7 +205,7 @@ class LeanModel:
             raise ValueError(f"LeanModel precomputes RoPE tables; rope_type={rope['rope_type']!r} is not supported")
         if getattr(model.config, "use_sliding_window", False):
             raise ValueError("LeanModel does not implement sliding-window attention; set use_sliding_window=False")
-        return cls(model, packed)
+        return cls(model, packed, stacked)
 
     def _rope_tables(self, rotary: torch.nn.Module) -> None:
         """cos/sin tables for every position, computed as HF does (position * inv_freq in float32)."""
@@ -236,7 +268,8 @@ class LeanModel:
             attn = self._attention(h, layer, cache.k[i], cache.v[i], where, (cos, sin), mask, select, ragged)
             x = x + layer.o(attn)
             h = rms_norm(x, layer.post_norm, self.eps)
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            gate, up = layer.gate_up(h)
+            x = x + layer.down(F.silu(gate) * up)
         hidden = rms_norm(x, self.final_norm, self.eps)
         if select is not None:
             return _unpack(hidden, select, B, Q), _unpack(self.lm_head(hidden), select, B, Q)
@@ -255,9 +288,10 @@ class LeanModel:
         tokens = h.shape[:-1]  # (B, Q) or (T,)
         rows, slots = where
         cos, sin = rope
-        q = layer.q(h).view(*tokens, self.num_heads, self.head_dim)
-        k = layer.k(h).view(*tokens, self.num_kv_heads, self.head_dim)
-        v = layer.v(h).view(*tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = layer.qkv(h)
+        q = q.view(*tokens, self.num_heads, self.head_dim)
+        k = k.view(*tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(*tokens, self.num_kv_heads, self.head_dim)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         k_cache[rows, :, slots] = k  # indexed view is [B, Q, Hkv, Dh] (or [T, Hkv, Dh])

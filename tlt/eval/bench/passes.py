@@ -108,6 +108,43 @@ def add_sd_batch_args(parser, rounds: int) -> None:
     parser.add_argument("--out", required=True)
 
 
+def add_forward_cost_args(parser) -> None:
+    """The options of target forward costs t(b, N) (`tlt.eval.bench.sd.costs.forward_seconds`)."""
+    parser.add_argument("--cost-batches", type=ints, default=[1, 4, 16], help="b of the forward costs")
+    parser.add_argument("--new-tokens", type=ints, default=[1, 2, 4, 6, 8], help="N of the forward costs")
+    parser.add_argument("--cache-len", type=int, default=128, help="cached tokens per row in the forward costs")
+    parser.add_argument("--reps", type=int, default=20, help="forwards per cost measurement")
+
+
+def group_decoding(model, tokenizer, args, arms: Sequence[str], engine: Callable, label: str) -> list[dict]:
+    """`batch_rounds` of `arms` over `args.prompts` held-out prompts, at the options of `add_sd_batch_args`.
+    `engine(arm, eos, max_seq_len, history)` makes an arm's engine; history: `bench_history`'s."""
+    from tlt.backends.native import NativeEngine
+    from tlt.eval.heldout import heldout_prompt_ids
+    from tlt.speculative.strategy import SpecStrategy
+
+    prompts = heldout_prompt_ids(tokenizer, args.prompts)
+    room = SpecStrategy.parse(args.strategy).verify_tokens
+    eos, max_seq_len = tokenizer.eos_token_id, max(map(len, prompts)) + args.max_new_tokens + room
+    history = bench_history(args.drafter, NativeEngine(model, eos, max_seq_len), prompts, args.max_new_tokens)
+
+    def make_engine(arm: str) -> NativeEngine:
+        return engine(arm, eos, max_seq_len, history)
+
+    return batch_rounds(arms, args.batches, args.rounds, make_engine, prompts, args.max_new_tokens, label)
+
+
+def packable_policy(target: str):
+    """(model, tokenizer) of a policy whose weights the CPU engine packs (float32 / bfloat16); exits otherwise."""
+    from tlt.models.io import load_hf_folder
+    from tlt.models.lean import packable
+
+    model, tokenizer = load_hf_folder(target)
+    if not packable(model.get_input_embeddings().weight):
+        raise SystemExit(f"{target}: its weights ({model.dtype}) are not packed here (CPU float32 / bfloat16)")
+    return model, tokenizer
+
+
 def ints(text: str) -> list[int]:
     """'1,8' -> [1, 8] (an argparse type)."""
     return [int(x) for x in text.split(",")]
