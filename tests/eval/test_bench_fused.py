@@ -2,6 +2,7 @@
 from its raw data)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,9 @@ def test_a_short_run_writes_both_tables(tmp_path):
     assert set(report["decoding"][0]["2"]) == {"plain/apart", "plain/stacked", "sd/apart", "sd/stacked"}
     assert set(report["forward_costs"][0]) == {"2x1", "2x4"}
     assert (out / "fused.md").read_text() == table(report)
+
+
+@pytest.mark.parametrize("folder", ["fused_tiny", "fused_tiny_8rounds", "fused_deep_v2"])
+def test_the_committed_report_renders_from_its_json(folder):
+    results = Path(__file__).resolve().parents[2] / "eval" / "results" / folder
+    assert table(json.loads((results / "fused.json").read_text())) == (results / "fused.md").read_text()
